@@ -1,0 +1,52 @@
+// tests/test_util.h — small helpers shared by the GoogleTest suites.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+namespace knngpt_test {
+
+// Largest |a - b| over the largest |b|: a norm-wise relative error that does
+// not blow up on entries that happen to be near zero.
+template <class TA, class TB>
+double max_rel_error(const TA* a, const TB* b, size_t n) {
+    double max_diff = 0.0, max_ref = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        max_diff = std::fmax(max_diff, std::fabs((double)a[i] - (double)b[i]));
+        max_ref = std::fmax(max_ref, std::fabs((double)b[i]));
+    }
+    return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+// A fresh temporary directory, removed (with its files) when this goes out of scope.
+struct TempDir {
+    std::string path;
+    TempDir() {
+        char tmpl[] = "/tmp/knngpt_test_XXXXXX";
+        const char* p = mkdtemp(tmpl);
+        if (!p) { perror("mkdtemp"); std::abort(); }
+        path = p;
+    }
+    ~TempDir() { std::string cmd = "rm -rf '" + path + "'"; if (std::system(cmd.c_str())) {} }
+    std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+// The text used by tests that need real data: $KNNGPT_TEXT, else "" (the
+// test then skips with a message saying so).
+inline std::string test_text_path() {
+    const char* p = std::getenv("KNNGPT_TEXT");
+    return p ? std::string(p) : std::string();
+}
+
+// Directory holding build outputs (reference tensors, programs): $KNNGPT_BUILD or "build".
+inline std::string build_dir() {
+    const char* p = std::getenv("KNNGPT_BUILD");
+    return p ? std::string(p) : std::string("build");
+}
+
+}  // namespace knngpt_test
