@@ -1,0 +1,39 @@
+// kernels/cpu/backend.h — the CPU backend: every op the model calls, plus the
+// memory functions that let model/ stay backend-neutral.
+//
+// On the CPU "device" memory is ordinary host memory, so the copies are
+// memcpy. The CUDA backend (kernels/cuda/backend.cuh) provides the same names
+// with cudaMalloc / cudaMemcpy behind them.
+#pragma once
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/cpu/adamw.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/classifier.h"
+#include "kernels/cpu/encoder.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/global_norm.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/residual.h"
+
+namespace knngpt::cpu {
+
+constexpr const char* BACKEND_NAME = "cpu (fp32, OpenMP + OpenBLAS)";
+
+template <class Tp>
+Tp* device_alloc(size_t count) {
+    // 64-byte alignment for vector loads; aligned_alloc needs a multiple of it
+    size_t bytes = ((count * sizeof(Tp) + 63) / 64) * 64;
+    void* p = std::aligned_alloc(64, bytes ? bytes : 64);
+    if (!p) throw std::bad_alloc();
+    return static_cast<Tp*>(p);
+}
+inline void device_free(void* p) { std::free(p); }
+inline void device_zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
+inline void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+inline void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+}  // namespace knngpt::cpu
