@@ -1,0 +1,247 @@
+// model/checkpoint.h — llm.c's model file (read versions 3 and 5, write 3)
+// and knngpt's training-state file (optimizer state, step, RNG, data position).
+//
+// Model file (llm.c "gpt2_124M.bin" format), little endian:
+//   header  256 int32: [0] 20240326 magic, [1] version (3 = fp32, 5 = bf16),
+//           [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp, rest 0
+//   then every parameter in llm.c order (model/gpt.h), fp32 or bf16.
+//
+// Training-state file, little endian:
+//   header  256 int32: [0] 20240527 magic, [1] 1 version, [2] world size,
+//           [3] rank, [4] 0 (fp32 parameters, no master copy), [5] shuffle,
+//           [6] 1 if the AdamW moments follow, [10] step (optimizer steps done),
+//           [20..21] u64 RNG state, [30..31] u64 data epoch,
+//           [32..33] u64 data shard position, [34..35] u64 data batch position,
+//           [40..41] u64 parameter count
+//   then AdamW m and v, each parameter-count fp32.
+//
+// Every file is written to "<path>.tmp" and renamed into place, so a crash
+// never leaves a half-written file under the real name.
+#pragma once
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/gpt.h"
+
+namespace knngpt {
+
+constexpr int MODEL_MAGIC = 20240326;
+constexpr int STATE_MAGIC = 20240527;
+constexpr int STATE_VERSION = 1;
+constexpr int HEADER_INTS = 256;
+
+// ---------------------------------------------------------------------------
+// Small file helpers: one-line errors naming the file.
+
+struct FileCloser {
+    FILE* f;
+    ~FileCloser() { if (f) fclose(f); }
+};
+
+inline long file_size_of(FILE* f) {
+    long here = ftell(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, here, SEEK_SET);
+    return size;
+}
+
+inline void read_exact(FILE* f, void* dst, size_t bytes, const std::string& path, const char* what) {
+    if (fread(dst, 1, bytes, f) != bytes)
+        throw std::runtime_error(path + ": truncated while reading " + what);
+}
+
+// Writes `body` to path.tmp, flushes, and renames it to path.
+template <class WriteBody>
+void write_atomically(const std::string& path, WriteBody body) {
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) throw std::runtime_error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
+    bool ok = body(f);
+    ok = (fflush(f) == 0) && ok;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) {
+        std::remove(tmp.c_str());
+        throw std::runtime_error(path + ": write failed (disk full?)");
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        throw std::runtime_error(path + ": cannot rename the temporary file into place");
+    }
+}
+
+// bf16 -> fp32 is exact: the bf16 bits are the upper half of the fp32 bits.
+inline float bf16_to_float(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    return x;
+}
+
+// ---------------------------------------------------------------------------
+// Model files
+
+struct ModelFile {
+    GPTConfig config;
+    int version = 0;
+    std::vector<float> params;  // llm.c order, fp32 (bf16 files are widened)
+};
+
+// Reads a version 3 (fp32) or 5 (bf16) llm.c model file; throws one line
+// naming the file and the problem (missing, bad magic, version, bad shape,
+// truncated or trailing bytes).
+inline ModelFile read_model_file(const std::string& path) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) throw std::runtime_error(path + ": cannot open model file (" + std::strerror(errno) + ")");
+    FileCloser closer{f};
+    int header[HEADER_INTS];
+    read_exact(f, header, sizeof(header), path, "the header");
+    if (header[0] != MODEL_MAGIC)
+        throw std::runtime_error(path + ": bad magic " + std::to_string(header[0]) + " (expected " +
+                                 std::to_string(MODEL_MAGIC) + ", an llm.c model file)");
+    if (header[1] != 3 && header[1] != 5)
+        throw std::runtime_error(path + ": unsupported version " + std::to_string(header[1]) +
+                                 " (expected 3 = fp32 or 5 = bf16)");
+    ModelFile m;
+    m.version = header[1];
+    m.config.max_seq_len = header[2];
+    m.config.vocab_size = header[3];
+    m.config.num_layers = header[4];
+    m.config.num_heads = header[5];
+    m.config.channels = header[6];
+    m.config.padded_vocab_size = header[7];
+    validate_config(m.config, path);
+    size_t n = count_parameters(m.config);
+    size_t elem = m.version == 3 ? 4 : 2;
+    long expected = (long)(sizeof(header) + n * elem);
+    long actual = file_size_of(f);
+    if (actual < expected)
+        throw std::runtime_error(path + ": truncated: the header's shape needs " + std::to_string(expected) +
+                                 " bytes, the file holds " + std::to_string(actual));
+    if (actual > expected)
+        throw std::runtime_error(path + ": " + std::to_string(actual - expected) +
+                                 " unexpected bytes after the parameters (shape mismatch?)");
+    m.params.resize(n);
+    if (m.version == 3) {
+        read_exact(f, m.params.data(), n * 4, path, "the parameters");
+    } else {
+        std::vector<uint16_t> raw(n);
+        read_exact(f, raw.data(), n * 2, path, "the parameters");
+        for (size_t i = 0; i < n; i++) m.params[i] = bf16_to_float(raw[i]);
+    }
+    return m;
+}
+
+inline void write_model_file(const std::string& path, const GPTConfig& c, const std::vector<float>& params) {
+    if (params.size() != count_parameters(c)) throw std::runtime_error(path + ": parameter count does not match the config");
+    int header[HEADER_INTS] = {0};
+    header[0] = MODEL_MAGIC;
+    header[1] = 3;
+    header[2] = c.max_seq_len;
+    header[3] = c.vocab_size;
+    header[4] = c.num_layers;
+    header[5] = c.num_heads;
+    header[6] = c.channels;
+    header[7] = c.padded_vocab_size;
+    write_atomically(path, [&](FILE* f) {
+        return fwrite(header, sizeof(header), 1, f) == 1 &&
+               fwrite(params.data(), sizeof(float), params.size(), f) == params.size();
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Training-state files
+
+struct TrainState {
+    int step = 0;                 // optimizer steps completed
+    int world = 1, rank = 0;
+    bool shuffle = false;
+    uint64_t rng_state = 0;       // the trainer's sampling RNG
+    uint64_t data_epoch = 0, data_shard_pos = 0, data_batch_pos = 0;
+    std::vector<float> m, v;      // AdamW moments, parameter count each
+};
+
+inline void put_u64(int* header, int at, uint64_t x) { std::memcpy(header + at, &x, sizeof(x)); }
+inline uint64_t get_u64(const int* header, int at) {
+    uint64_t x;
+    std::memcpy(&x, header + at, sizeof(x));
+    return x;
+}
+
+inline void write_state_file(const std::string& path, const TrainState& s) {
+    if (s.m.size() != s.v.size()) throw std::runtime_error(path + ": AdamW m and v differ in size");
+    int header[HEADER_INTS] = {0};
+    header[0] = STATE_MAGIC;
+    header[1] = STATE_VERSION;
+    header[2] = s.world;
+    header[3] = s.rank;
+    header[4] = 0;
+    header[5] = s.shuffle ? 1 : 0;
+    header[6] = 1;
+    header[10] = s.step;
+    put_u64(header, 20, s.rng_state);
+    put_u64(header, 30, s.data_epoch);
+    put_u64(header, 32, s.data_shard_pos);
+    put_u64(header, 34, s.data_batch_pos);
+    put_u64(header, 40, s.m.size());
+    write_atomically(path, [&](FILE* f) {
+        return fwrite(header, sizeof(header), 1, f) == 1 &&
+               fwrite(s.m.data(), sizeof(float), s.m.size(), f) == s.m.size() &&
+               fwrite(s.v.data(), sizeof(float), s.v.size(), f) == s.v.size();
+    });
+}
+
+// Reads a state file written for a model of `num_parameters` parameters.
+inline TrainState read_state_file(const std::string& path, size_t num_parameters) {
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) throw std::runtime_error(path + ": cannot open state file (" + std::strerror(errno) + ")");
+    FileCloser closer{f};
+    int header[HEADER_INTS];
+    read_exact(f, header, sizeof(header), path, "the header");
+    if (header[0] != STATE_MAGIC)
+        throw std::runtime_error(path + ": bad magic " + std::to_string(header[0]) + " (expected " +
+                                 std::to_string(STATE_MAGIC) + ", a training-state file)");
+    if (header[1] != STATE_VERSION)
+        throw std::runtime_error(path + ": unsupported state version " + std::to_string(header[1]));
+    TrainState s;
+    s.world = header[2];
+    s.rank = header[3];
+    s.shuffle = header[5] != 0;
+    s.step = header[10];
+    s.rng_state = get_u64(header, 20);
+    s.data_epoch = get_u64(header, 30);
+    s.data_shard_pos = get_u64(header, 32);
+    s.data_batch_pos = get_u64(header, 34);
+    uint64_t n = get_u64(header, 40);
+    if (n != num_parameters)
+        throw std::runtime_error(path + ": holds optimizer state for " + std::to_string(n) + " parameters, the model has " +
+                                 std::to_string(num_parameters));
+    long expected = (long)(sizeof(header) + 2 * n * sizeof(float));
+    if (file_size_of(f) != expected)
+        throw std::runtime_error(path + ": truncated or oversized: expected " + std::to_string(expected) + " bytes, found " +
+                                 std::to_string(file_size_of(f)));
+    s.m.resize(n);
+    s.v.resize(n);
+    read_exact(f, s.m.data(), n * sizeof(float), path, "AdamW m");
+    read_exact(f, s.v.data(), n * sizeof(float), path, "AdamW v");
+    return s;
+}
+
+// Moves the optimizer state between a model and a TrainState.
+inline void gpt_get_optimizer_state(const GPT& model, TrainState& s) {
+    s.m.resize(model.num_parameters);
+    s.v.resize(model.num_parameters);
+    ops::copy_to_host(s.m.data(), model.m_memory, model.num_parameters * sizeof(float));
+    ops::copy_to_host(s.v.data(), model.v_memory, model.num_parameters * sizeof(float));
+}
+inline void gpt_set_optimizer_state(GPT& model, const TrainState& s) {
+    ops::copy_to_device(model.m_memory, s.m.data(), model.num_parameters * sizeof(float));
+    ops::copy_to_device(model.v_memory, s.v.data(), model.num_parameters * sizeof(float));
+}
+
+}  // namespace knngpt

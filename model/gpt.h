@@ -1,0 +1,468 @@
+// model/gpt.h — GPT-2, written once: configuration, parameter and activation
+// layout, forward, backward and the AdamW update. Every op is called through
+// `ops::` (model/backend.h), so the same code drives the CPU and CUDA kernels.
+//
+// The model is GPT-2 exactly as llm.c defines it:
+//   x = wte[token] + wpe[position]                                 (B, T, C)
+//   for each of the L blocks:
+//     x = x + attproj( attention( qkv( layernorm1(x) ) ) )       pre-LN, causal, NH heads
+//     x = x + fcproj( gelu_tanh( fc( layernorm2(x) ) ) )          MLP of width 4C
+//   logits = layernorm_f(x) @ wteᵀ                                (B, T, Vp), the head is tied to wte
+//   loss   = mean over (b, t) of cross-entropy over the first V logits
+// The vocabulary is padded from V to Vp (a multiple of 128 for GPT-2); the
+// padded rows of wte exist only for alignment and never enter softmax or loss.
+#pragma once
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/common/rng.h"
+#include "model/attention.h"
+#include "model/backend.h"
+
+namespace knngpt {
+
+struct GPTConfig {
+    int max_seq_len = 0;        // maxT: longest context, rows of wpe
+    int vocab_size = 0;         // V
+    int padded_vocab_size = 0;  // Vp >= V
+    int num_layers = 0;         // L
+    int num_heads = 0;          // NH
+    int channels = 0;           // C
+};
+
+// Checks a configuration; throws one line naming the bad field.
+inline void validate_config(const GPTConfig& c, const std::string& source) {
+    auto fail = [&](const std::string& what) { throw std::runtime_error(source + ": " + what); };
+    if (c.max_seq_len < 1) fail("max sequence length must be >= 1, got " + std::to_string(c.max_seq_len));
+    if (c.vocab_size < 1) fail("vocab size must be >= 1, got " + std::to_string(c.vocab_size));
+    if (c.padded_vocab_size < c.vocab_size)
+        fail("padded vocab " + std::to_string(c.padded_vocab_size) + " is smaller than vocab " + std::to_string(c.vocab_size));
+    if (c.num_layers < 1) fail("number of layers must be >= 1, got " + std::to_string(c.num_layers));
+    if (c.num_heads < 1) fail("number of heads must be >= 1, got " + std::to_string(c.num_heads));
+    if (c.channels < 1 || c.channels % c.num_heads != 0)
+        fail("channels (" + std::to_string(c.channels) + ") must be a positive multiple of heads (" + std::to_string(c.num_heads) + ")");
+}
+
+// Vp: the vocabulary rounded up to a multiple of 128 (50257 -> 50304, 256 -> 256).
+inline int padded_vocab(int vocab_size) { return ((vocab_size + 127) / 128) * 128; }
+
+// ----------------------------------------------------------------------------
+// Parameters: 16 tensors in one contiguous buffer, in llm.c's checkpoint order.
+
+constexpr int NUM_PARAMETER_TENSORS = 16;
+
+struct ParameterTensors {
+    float* wte;       // (Vp, C)
+    float* wpe;       // (maxT, C)
+    float* ln1w;      // (L, C)
+    float* ln1b;      // (L, C)
+    float* qkvw;      // (L, 3C, C)
+    float* qkvb;      // (L, 3C)
+    float* attprojw;  // (L, C, C)
+    float* attprojb;  // (L, C)
+    float* ln2w;      // (L, C)
+    float* ln2b;      // (L, C)
+    float* fcw;       // (L, 4C, C)
+    float* fcb;       // (L, 4C)
+    float* fcprojw;   // (L, C, 4C)
+    float* fcprojb;   // (L, C)
+    float* lnfw;      // (C)
+    float* lnfb;      // (C)
+};
+
+inline const char* const PARAMETER_NAMES[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+// Weight decay applies to the 2-D weight matrices and the embeddings only.
+inline const bool PARAMETER_IS_DECAYED[NUM_PARAMETER_TENSORS] = {
+    true, true, false, false, true, false, true, false,
+    false, false, true, false, true, false, false, false};
+
+inline std::array<size_t, NUM_PARAMETER_TENSORS> parameter_sizes(const GPTConfig& c) {
+    size_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len, L = c.num_layers;
+    return {Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+            L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+}
+
+inline size_t count_parameters(const GPTConfig& c) {
+    size_t n = 0;
+    for (size_t s : parameter_sizes(c)) n += s;
+    return n;
+}
+
+// Points the 16 tensors into one buffer of count_parameters(c) floats.
+inline ParameterTensors point_parameters(float* memory, const GPTConfig& c) {
+    ParameterTensors p;
+    float** slots[NUM_PARAMETER_TENSORS] = {&p.wte, &p.wpe, &p.ln1w, &p.ln1b, &p.qkvw, &p.qkvb,
+                                            &p.attprojw, &p.attprojb, &p.ln2w, &p.ln2b, &p.fcw, &p.fcb,
+                                            &p.fcprojw, &p.fcprojb, &p.lnfw, &p.lnfb};
+    auto sizes = parameter_sizes(c);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *slots[i] = memory;
+        memory += sizes[i];
+    }
+    return p;
+}
+
+// GPT-2 initialisation on the host, in llm.c order: weights and embeddings
+// normal(0, 0.02), the two residual projections (attproj, fcproj) scaled by
+// 1/sqrt(2L), biases 0, layernorm weights 1 and biases 0. The padded rows of
+// wte are 0. Every value is drawn from `rng` in a fixed order, so a seed fixes
+// the model.
+inline std::vector<float> gpt_random_init(const GPTConfig& c, uint64_t seed) {
+    std::vector<float> params(count_parameters(c), 0.0f);
+    ParameterTensors p = point_parameters(params.data(), c);
+    Rng rng(seed);
+    const float std_dev = 0.02f, residual_std = 0.02f / std::sqrt(2.0f * c.num_layers);
+    auto fill_normal = [&](float* x, size_t n, float s) {
+        for (size_t i = 0; i < n; i++) x[i] = (float)(rng.normal() * s);
+    };
+    auto fill = [](float* x, size_t n, float v) { for (size_t i = 0; i < n; i++) x[i] = v; };
+    size_t C = c.channels, L = c.num_layers;
+    fill_normal(p.wte, (size_t)c.vocab_size * C, std_dev);  // padding rows stay 0
+    fill_normal(p.wpe, (size_t)c.max_seq_len * C, std_dev);
+    fill(p.ln1w, L * C, 1.0f);
+    fill_normal(p.qkvw, L * 3 * C * C, std_dev);
+    fill_normal(p.attprojw, L * C * C, residual_std);
+    fill(p.ln2w, L * C, 1.0f);
+    fill_normal(p.fcw, L * 4 * C * C, std_dev);
+    fill_normal(p.fcprojw, L * C * 4 * C, residual_std);
+    fill(p.lnfw, C, 1.0f);
+    return params;
+}
+
+// ----------------------------------------------------------------------------
+// Activations for a batch of (B, T), all in one buffer. Per-layer tensors hold
+// L copies. Everything the backward pass reads is kept here.
+
+constexpr int NUM_ACTIVATION_TENSORS = 21;
+
+struct ActivationTensors {
+    float* encoded;    // (B, T, C)
+    float* ln1;        // (L, B, T, C)
+    float* ln1_mean;   // (L, B, T)
+    float* ln1_rstd;   // (L, B, T)
+    float* qkv;        // (L, B, T, 3C)
+    float* atty;       // (L, B, T, C)   attention output, heads side by side
+    float* att_lse;    // (L, B, NH, T)  row logsumexp saved for the backward
+    float* attproj;    // (L, B, T, C)
+    float* residual2;  // (L, B, T, C)
+    float* ln2;        // (L, B, T, C)
+    float* ln2_mean;   // (L, B, T)
+    float* ln2_rstd;   // (L, B, T)
+    float* fch;        // (L, B, T, 4C)
+    float* fch_gelu;   // (L, B, T, 4C)
+    float* fcproj;     // (L, B, T, C)
+    float* residual3;  // (L, B, T, C)
+    float* lnf;        // (B, T, C)
+    float* lnf_mean;   // (B, T)
+    float* lnf_rstd;   // (B, T)
+    float* logits;     // (B, T, Vp)     overwritten by dlogits in the backward
+    float* losses;     // (B, T)
+};
+
+inline std::array<size_t, NUM_ACTIVATION_TENSORS> activation_sizes(const GPTConfig& c, int B, int T) {
+    size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers, NH = c.num_heads, Vp = c.padded_vocab_size;
+    return {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * NH * BT, L * BT * C,
+            L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C, L * BT * C, L * BT * C,
+            BT * C, BT, BT, BT * Vp, BT};
+}
+
+inline ActivationTensors point_activations(float* memory, const std::array<size_t, NUM_ACTIVATION_TENSORS>& sizes) {
+    ActivationTensors a;
+    float** slots[NUM_ACTIVATION_TENSORS] = {
+        &a.encoded, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.atty, &a.att_lse, &a.attproj,
+        &a.residual2, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.fcproj, &a.residual3,
+        &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.logits, &a.losses};
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        *slots[i] = memory;
+        memory += sizes[i];
+    }
+    return a;
+}
+
+// The gradients of the activations. The backward pass needs one buffer per
+// distinct tensor it writes; shapes as in ActivationTensors.
+struct ActivationGrads {
+    float* residual;   // (B, T, C)      gradient flowing along the residual stream
+    float* ln;         // (B, T, C)      gradient of a layernorm output (ln1, ln2 or lnf)
+    float* qkv;        // (B, T, 3C)
+    float* atty;       // (B, T, C)
+    float* fch;        // (B, T, 4C)
+    float* fch_gelu;   // (B, T, 4C)
+};
+constexpr int NUM_ACTIVATION_GRADS = 6;
+
+// The activations of block l (pointers into ActivationTensors). Per-layer
+// slots are sized for the allocated batch (BTa = allocated B·T), so the layout
+// does not depend on the batch of the current forward.
+struct LayerActivations {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att_lse, *attproj, *residual2;
+    float *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3;
+};
+
+inline LayerActivations layer_activations(const ActivationTensors& a, int l, size_t BTa, size_t C, size_t NH) {
+    return {a.ln1 + l * BTa * C,       a.ln1_mean + l * BTa,     a.ln1_rstd + l * BTa,
+            a.qkv + l * BTa * 3 * C,   a.atty + l * BTa * C,     a.att_lse + l * BTa * NH,
+            a.attproj + l * BTa * C,   a.residual2 + l * BTa * C, a.ln2 + l * BTa * C,
+            a.ln2_mean + l * BTa,      a.ln2_rstd + l * BTa,     a.fch + l * BTa * 4 * C,
+            a.fch_gelu + l * BTa * 4 * C, a.fcproj + l * BTa * C, a.residual3 + l * BTa * C};
+}
+
+// ----------------------------------------------------------------------------
+// The model: parameters, gradients, optimizer state, activations.
+
+struct GPT {
+    GPTConfig config;
+    AttnConfig attn;
+    std::array<size_t, NUM_PARAMETER_TENSORS> param_sizes{};
+    size_t num_parameters = 0;
+    float* params_memory = nullptr;  // device
+    float* grads_memory = nullptr;   // device
+    float* m_memory = nullptr;       // AdamW first moment (device)
+    float* v_memory = nullptr;       // AdamW second moment (device)
+    ParameterTensors params{}, grads{};
+
+    int B = 0, T = 0;  // the largest batch the activations are allocated for
+    float* acts_memory = nullptr;
+    float* grad_acts_memory = nullptr;
+    size_t num_grad_acts = 0;
+    ActivationTensors acts{};
+    ActivationGrads grad_acts{};
+    int* inputs = nullptr;   // (B, T) device
+    int* targets = nullptr;  // (B, T) device
+    int cur_B = 0, cur_T = 0;       // shape of the last forward
+    bool have_targets = false;      // did the last forward compute the loss?
+    float mean_loss = -1.0f;        // mean loss of the last forward with targets
+    std::vector<float> host_losses; // (B, T) per-token losses of the last forward
+
+    GPT() = default;
+    GPT(const GPT&) = delete;
+    GPT& operator=(const GPT&) = delete;
+    ~GPT() {
+        for (void* p : {(void*)params_memory, (void*)grads_memory, (void*)m_memory, (void*)v_memory,
+                        (void*)acts_memory, (void*)grad_acts_memory, (void*)inputs, (void*)targets})
+            if (p) ops::device_free(p);
+    }
+};
+
+// Builds the model from host parameters (llm.c order) and allocates
+// activations for batches up to (B, T).
+inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<float>& host_params, int B, int T) {
+    validate_config(config, "model config");
+    if (T > config.max_seq_len)
+        throw std::runtime_error("sequence length T = " + std::to_string(T) + " exceeds the model's max context " +
+                                 std::to_string(config.max_seq_len));
+    if (B < 1 || T < 1) throw std::runtime_error("batch size and sequence length must be >= 1");
+    model.config = config;
+    model.param_sizes = parameter_sizes(config);
+    model.num_parameters = count_parameters(config);
+    if (host_params.size() != model.num_parameters)
+        throw std::runtime_error("parameter count mismatch: got " + std::to_string(host_params.size()) + ", the config needs " +
+                                 std::to_string(model.num_parameters));
+    size_t n = model.num_parameters;
+    model.params_memory = ops::device_alloc<float>(n);
+    model.grads_memory = ops::device_alloc<float>(n);
+    model.m_memory = ops::device_alloc<float>(n);
+    model.v_memory = ops::device_alloc<float>(n);
+    ops::copy_to_device(model.params_memory, host_params.data(), n * sizeof(float));
+    ops::device_zero(model.grads_memory, n * sizeof(float));
+    ops::device_zero(model.m_memory, n * sizeof(float));
+    ops::device_zero(model.v_memory, n * sizeof(float));
+    model.params = point_parameters(model.params_memory, config);
+    model.grads = point_parameters(model.grads_memory, config);
+
+    model.B = B;
+    model.T = T;
+    auto sizes = activation_sizes(config, B, T);
+    size_t num_acts = 0;
+    for (size_t s : sizes) num_acts += s;
+    model.acts_memory = ops::device_alloc<float>(num_acts);
+    model.acts = point_activations(model.acts_memory, sizes);
+    size_t BT = (size_t)B * T, C = config.channels;
+    size_t grad_sizes[NUM_ACTIVATION_GRADS] = {BT * C, BT * C, BT * 3 * C, BT * C, BT * 4 * C, BT * 4 * C};
+    model.num_grad_acts = 0;
+    for (size_t s : grad_sizes) model.num_grad_acts += s;
+    model.grad_acts_memory = ops::device_alloc<float>(model.num_grad_acts);
+    float* g = model.grad_acts_memory;
+    float** slots[NUM_ACTIVATION_GRADS] = {&model.grad_acts.residual, &model.grad_acts.ln, &model.grad_acts.qkv,
+                                           &model.grad_acts.atty, &model.grad_acts.fch, &model.grad_acts.fch_gelu};
+    for (int i = 0; i < NUM_ACTIVATION_GRADS; i++) { *slots[i] = g; g += grad_sizes[i]; }
+    model.inputs = ops::device_alloc<int>(BT);
+    model.targets = ops::device_alloc<int>(BT);
+    model.host_losses.assign(BT, 0.0f);
+}
+
+// Copies the parameters back to the host (llm.c order).
+inline std::vector<float> gpt_host_parameters(const GPT& model) {
+    std::vector<float> host(model.num_parameters);
+    ops::copy_to_host(host.data(), model.params_memory, host.size() * sizeof(float));
+    return host;
+}
+
+// Forward pass over inputs (B, T) of host token ids. With targets (B, T) it
+// also computes the per-token losses and their mean (model.mean_loss); with
+// targets == nullptr only the logits. B and T may be smaller than the
+// allocated batch (used for sampling).
+inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targets, int B, int T) {
+    const GPTConfig& cfg = model.config;
+    if (B < 1 || B > model.B || T < 1 || T > model.T)
+        throw std::runtime_error("forward: batch (" + std::to_string(B) + ", " + std::to_string(T) +
+                                 ") outside the allocated (" + std::to_string(model.B) + ", " + std::to_string(model.T) + ")");
+    for (int i = 0; i < B * T; i++) {
+        if (host_inputs[i] < 0 || host_inputs[i] >= cfg.vocab_size)
+            throw std::runtime_error("forward: token " + std::to_string(host_inputs[i]) + " outside the vocabulary [0, " +
+                                     std::to_string(cfg.vocab_size) + ")");
+        if (host_targets && (host_targets[i] < 0 || host_targets[i] >= cfg.vocab_size))
+            throw std::runtime_error("forward: target " + std::to_string(host_targets[i]) + " outside the vocabulary");
+    }
+    model.cur_B = B;
+    model.cur_T = T;
+    model.have_targets = host_targets != nullptr;
+    const int C = cfg.channels, L = cfg.num_layers, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const int N = B * T;
+    // per-layer strides use the allocated (B, T), so the layout never depends on the current batch
+    const size_t BTa = (size_t)model.B * model.T;
+    ops::copy_to_device(model.inputs, host_inputs, (size_t)N * sizeof(int));
+    if (host_targets) ops::copy_to_device(model.targets, host_targets, (size_t)N * sizeof(int));
+
+    ParameterTensors& p = model.params;
+    ActivationTensors& a = model.acts;
+    ops::encoder_forward(a.encoded, model.inputs, p.wte, p.wpe, B, T, C);
+    float* residual = a.encoded;  // (B, T, C)
+    for (int l = 0; l < L; l++) {
+        LayerActivations la = layer_activations(a, l, BTa, C, NH);
+        ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C);
+        ops::matmul_forward(la.qkv, la.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, N, C, 3 * C);
+        attention_forward(model.attn, la.atty, la.att_lse, la.qkv, B, T, C, NH);
+        ops::matmul_forward(la.attproj, la.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, N, C, C);
+        ops::residual_forward(la.residual2, residual, la.attproj, (size_t)N * C);
+        ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);
+        ops::matmul_forward(la.fch, la.ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, N, C, 4 * C);
+        ops::gelu_forward(la.fch_gelu, la.fch, (size_t)N * 4 * C);
+        ops::matmul_forward(la.fcproj, la.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, N, 4 * C, C);
+        ops::residual_forward(la.residual3, la.residual2, la.fcproj, (size_t)N * C);
+        residual = la.residual3;
+    }
+    ops::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, residual, p.lnfw, p.lnfb, N, C);
+    ops::matmul_forward(a.logits, a.lnf, p.wte, nullptr, N, C, Vp);
+
+    if (host_targets) {
+        ops::crossentropy_forward(a.losses, a.logits, model.targets, N, V, Vp);
+        ops::copy_to_host(model.host_losses.data(), a.losses, (size_t)N * sizeof(float));
+        double sum = 0.0;
+        for (int i = 0; i < N; i++) sum += model.host_losses[i];
+        model.mean_loss = (float)(sum / N);
+    } else {
+        model.mean_loss = -1.0f;
+    }
+}
+
+// Logits of one position of the last forward, copied to the host (Vp floats).
+inline void gpt_logits_at(const GPT& model, int b, int t, float* host_logits) {
+    size_t offset = ((size_t)b * model.cur_T + t) * model.config.padded_vocab_size;
+    ops::copy_to_host(host_logits, model.acts.logits + offset, model.config.padded_vocab_size * sizeof(float));
+}
+
+inline void gpt_zero_grad(GPT& model) {
+    ops::device_zero(model.grads_memory, model.num_parameters * sizeof(float));
+}
+
+// Backward pass of the last forward (which must have had targets).
+// Accumulates into the parameter gradients (call gpt_zero_grad once per
+// optimizer step), so gradient accumulation is repeated forward + backward.
+// dloss is the weight of each token's loss in the objective: 1 / (B·T) for a
+// plain mean, 1 / (B·T·accumulation steps) when accumulating.
+inline void gpt_backward(GPT& model, float dloss) {
+    if (!model.have_targets) throw std::runtime_error("backward: the last forward had no targets");
+    const GPTConfig& cfg = model.config;
+    const int B = model.cur_B, T = model.cur_T;
+    const int C = cfg.channels, L = cfg.num_layers, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    const int N = B * T;
+    const size_t BTa = (size_t)model.B * model.T;
+    ParameterTensors& p = model.params;
+    ParameterTensors& g = model.grads;
+    ActivationTensors& a = model.acts;
+    ActivationGrads& ga = model.grad_acts;
+
+    // the backward ops accumulate (+=), so the activation gradients start at 0
+    ops::device_zero(model.grad_acts_memory, model.num_grad_acts * sizeof(float));
+
+    // classifier: dlogits overwrite the logits in place
+    float* dlogits = a.logits;
+    ops::crossentropy_softmax_backward(dlogits, a.logits, model.targets, dloss, N, V, Vp);
+    ops::matmul_backward(ga.ln, g.wte, nullptr, dlogits, a.lnf, p.wte, N, C, Vp);
+    float* last_residual = a.residual3 + (L - 1) * BTa * C;
+    ops::layernorm_backward(ga.residual, g.lnfw, g.lnfb, ga.ln, last_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, N, C);
+
+    // ga.residual now holds d(loss)/d(residual3 of the last layer); walk the blocks backwards.
+    for (int l = L - 1; l >= 0; l--) {
+        float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTa * C;  // the block's input
+        LayerActivations la = layer_activations(a, l, BTa, C, NH);
+        // residual3 = residual2 + fcproj: both receive d(residual3). The branch
+        // reads it first; then layernorm2's input gradient is added to it in
+        // place, which turns ga.residual into d(residual2).
+        float* dfcproj = ga.residual;  // d(fcproj) == d(residual3)
+        ops::device_zero(ga.fch_gelu, (size_t)N * 4 * C * sizeof(float));
+        ops::matmul_backward(ga.fch_gelu, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, dfcproj, la.fch_gelu,
+                             p.fcprojw + (size_t)l * C * 4 * C, N, 4 * C, C);
+        ops::device_zero(ga.fch, (size_t)N * 4 * C * sizeof(float));
+        ops::gelu_backward(ga.fch, la.fch, ga.fch_gelu, (size_t)N * 4 * C);
+        ops::device_zero(ga.ln, (size_t)N * C * sizeof(float));
+        ops::matmul_backward(ga.ln, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, ga.fch, la.ln2,
+                             p.fcw + (size_t)l * 4 * C * C, N, C, 4 * C);
+        // d(residual2) = d(residual3) + layernorm2's input gradient: accumulate into ga.residual
+        ops::layernorm_backward(ga.residual, g.ln2w + l * C, g.ln2b + l * C, ga.ln, la.residual2, p.ln2w + l * C,
+                                la.ln2_mean, la.ln2_rstd, N, C);
+
+        // residual2 = residual + attproj: d(attproj) == d(residual2)
+        float* dattproj = ga.residual;
+        ops::device_zero(ga.atty, (size_t)N * C * sizeof(float));
+        ops::matmul_backward(ga.atty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, dattproj, la.atty,
+                             p.attprojw + (size_t)l * C * C, N, C, C);
+        ops::device_zero(ga.qkv, (size_t)N * 3 * C * sizeof(float));
+        attention_backward(model.attn, ga.qkv, ga.atty, la.qkv, la.atty, la.att_lse, B, T, C, NH);
+        ops::device_zero(ga.ln, (size_t)N * C * sizeof(float));
+        ops::matmul_backward(ga.ln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, ga.qkv, la.ln1,
+                             p.qkvw + (size_t)l * 3 * C * C, N, C, 3 * C);
+        // d(residual) = d(residual2) + layernorm1's input gradient
+        ops::layernorm_backward(ga.residual, g.ln1w + l * C, g.ln1b + l * C, ga.ln, residual, p.ln1w + l * C,
+                                la.ln1_mean, la.ln1_rstd, N, C);
+    }
+    ops::encoder_backward(g.wte, g.wpe, ga.residual, model.inputs, B, T, C);
+}
+
+// Global L2 norm of the gradients (computed in double).
+inline float gpt_grad_norm(const GPT& model) {
+    return (float)std::sqrt(ops::global_norm_squared(model.grads_memory, model.num_parameters));
+}
+
+struct AdamWConfig {
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+    float grad_clip = 1.0f;  // clip the global gradient norm to this; 0 = no clipping
+};
+
+// One AdamW step t (t >= 1) at learning rate lr. Clips the gradient to the
+// global norm opt.grad_clip by scaling it inside the update. Weight decay
+// applies to the tensors PARAMETER_IS_DECAYED marks. Returns the gradient norm
+// before clipping.
+inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
+    float norm = gpt_grad_norm(model);
+    float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        float wd = PARAMETER_IS_DECAYED[i] ? opt.weight_decay : 0.0f;
+        ops::adamw_update(model.params_memory + offset, model.grads_memory + offset, model.m_memory + offset,
+                          model.v_memory + offset, model.param_sizes[i], lr, opt.beta1, opt.beta2, opt.eps, wd, t,
+                          grad_scale);
+        offset += model.param_sizes[i];
+    }
+    return norm;
+}
+
+}  // namespace knngpt
