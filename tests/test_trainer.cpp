@@ -1,0 +1,228 @@
+// tests/test_trainer.cpp — the train_gpt_cpu program end to end: resume
+// equals an uninterrupted run, gradient accumulation, bad input, and every
+// flag documented. Runs ./train_gpt_cpu and ./prepare_data from the
+// repository root (`make test` builds them first).
+#include <sys/stat.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "data/dataloader.h"
+#include "kernels/common/rng.h"
+#include "model/checkpoint.h"
+#include "tests/test_util.h"
+
+namespace {
+
+struct RunResult {
+    int exit_code;
+    std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Runs a shell command with a fixed thread count, capturing stdout and stderr.
+RunResult run(const std::string& cmd, const knngpt_test::TempDir& tmp) {
+    std::string full = "OMP_NUM_THREADS=2 " + cmd + " > " + tmp.file("stdout") + " 2> " + tmp.file("stderr");
+    int status = std::system(full.c_str());
+    return {WEXITSTATUS(status), slurp(tmp.file("stdout")), slurp(tmp.file("stderr"))};
+}
+
+bool exists(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0;
+}
+
+// Pseudo-English text made of a small word list, deterministic.
+std::string make_text(size_t bytes) {
+    const char* words[] = {"the", "king", "shall", "speak", "of", "love", "and", "war", "to", "thee",
+                           "my", "lord", "what", "is", "in", "a", "name", "good", "night", "sweet"};
+    knngpt::Rng rng(99);
+    std::string text;
+    while (text.size() < bytes) {
+        text += words[rng.below(20)];
+        text += rng.below(8) == 0 ? ".\n" : " ";
+    }
+    return text;
+}
+
+// The "loss X" of every "step N/M" line, as printed.
+std::vector<std::string> step_losses(const std::string& out) {
+    std::vector<std::string> losses;
+    std::regex re(R"(step +(\d+)/\d+ \| loss ([0-9.]+))");
+    for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) losses.push_back((*it)[2]);
+    return losses;
+}
+
+class Trainer : public ::testing::Test {
+  protected:
+    knngpt_test::TempDir tmp;
+    std::string train, val;
+    void SetUp() override {
+        if (!exists("./train_gpt_cpu") || !exists("./prepare_data"))
+            GTEST_SKIP() << "./train_gpt_cpu or ./prepare_data not built (run `make test` from the repository root)";
+        std::ofstream(tmp.file("text.txt")) << make_text(60000);
+        RunResult r = run("./prepare_data --input " + tmp.file("text.txt") + " --out-dir " + tmp.path + " --name t", tmp);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        train = tmp.file("t_train.bin");
+        val = tmp.file("t_val.bin");
+    }
+    // A small, fast model on the test text.
+    std::string base() const {
+        return "./train_gpt_cpu -i " + train + " -j " + val +
+               " --layers 2 --heads 2 --channels 32 -b 4 -t 32 -l 3e-3 -v 0 -m 2 -s 0 -g 8";
+    }
+};
+
+}  // namespace
+
+TEST_F(Trainer, LossFallsOnRealText) {
+    RunResult r = run(base() + " -x 40", tmp);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto losses = step_losses(r.out);
+    ASSERT_EQ(losses.size(), 40u);
+    EXPECT_LT(std::stod(losses.back()), std::stod(losses.front()) - 1.0) << r.out;
+    EXPECT_NE(r.out.find("val loss"), std::string::npos);
+    EXPECT_NE(r.out.find("perplexity"), std::string::npos);
+    EXPECT_NE(r.out.find("---- sample"), std::string::npos);
+    EXPECT_NE(r.out.find("done: 40 steps"), std::string::npos);
+}
+
+// Resume: run 12 steps with a checkpoint at 6; remove the final checkpoint,
+// resume from step 6 and check steps 7..12 print the same losses and end in
+// the same model file, byte for byte. Shuffled batches, so the data position
+// must be restored too.
+TEST_F(Trainer, ResumeAfterSixStepsEqualsUninterruptedRun) {
+    std::string dir = tmp.file("run");
+    std::string cmd = base() + " -x 12 -n 6 --shuffle 1 -o " + dir;
+    RunResult full = run(cmd, tmp);
+    ASSERT_EQ(full.exit_code, 0) << full.err;
+    auto full_losses = step_losses(full.out);
+    ASSERT_EQ(full_losses.size(), 12u);
+    std::string final_model = dir + "/model_00000012.bin", final_state = dir + "/state_00000012.bin";
+    ASSERT_TRUE(exists(dir + "/model_00000006.bin") && exists(dir + "/state_00000006.bin"));
+    std::string uninterrupted = slurp(final_model);
+    std::remove(final_model.c_str());
+    std::remove(final_state.c_str());
+
+    RunResult resumed = run(cmd + " -y 1", tmp);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    auto resumed_losses = step_losses(resumed.out);
+    ASSERT_EQ(resumed_losses.size(), 6u) << resumed.out;
+    for (int i = 0; i < 6; i++) EXPECT_EQ(resumed_losses[i], full_losses[6 + i]) << "step " << 7 + i;
+    EXPECT_TRUE(slurp(final_model) == uninterrupted) << "resumed run ended in a different model";
+    // no temporary files are left behind
+    for (const char* name : {"model_00000012.bin.tmp", "state_00000012.bin.tmp"}) EXPECT_FALSE(exists(dir + "/" + name));
+}
+
+// -d: two micro-batches of 4 sequences accumulate to the gradient of one batch of 8.
+TEST_F(Trainer, GradientAccumulationMatchesTheBigBatch) {
+    RunResult big = run(base() + " -x 5 -b 8 -d 256", tmp);
+    RunResult accum = run(base() + " -x 5 -b 4 -d 256", tmp);
+    ASSERT_EQ(big.exit_code, 0) << big.err;
+    ASSERT_EQ(accum.exit_code, 0) << accum.err;
+    auto a = step_losses(big.out), b = step_losses(accum.out);
+    ASSERT_EQ(a.size(), 5u);
+    ASSERT_EQ(b.size(), 5u);
+    for (int i = 0; i < 5; i++) EXPECT_NEAR(std::stod(a[i]), std::stod(b[i]), 1e-5) << "step " << i + 1;
+}
+
+TEST_F(Trainer, StartsFromAnLlmcCheckpointAndWritesOne) {
+    std::string dir = tmp.file("out");
+    RunResult first = run(base() + " -x 3 -o " + dir, tmp);
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    knngpt::ModelFile m = knngpt::read_model_file(dir + "/model_00000003.bin");
+    EXPECT_EQ(m.config.num_layers, 2);
+    EXPECT_EQ(m.config.vocab_size, 256);
+    RunResult again = run("./train_gpt_cpu -i " + train + " -j " + val + " -e " + dir +
+                              "/model_00000003.bin -b 4 -t 32 -x 2 -v 0 -m 2 -s 0 -g 4",
+                          tmp);
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_NE(again.out.find("llm.c version 3"), std::string::npos);
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: one line on stderr naming the problem, non-zero exit, nothing written.
+
+namespace {
+struct BadCase {
+    std::string name, args, expect;  // expect: a piece of the error line
+};
+}  // namespace
+
+TEST_F(Trainer, BadInputGivesOneClearLineAndWritesNothing) {
+    // files to break
+    std::vector<uint16_t> few(100, 'a');
+    knngpt::write_token_shard(tmp.file("small.bin"), few);
+    std::string good = slurp(train);
+    std::string bad_magic = good;
+    bad_magic[0] ^= 1;
+    std::ofstream(tmp.file("magic.bin"), std::ios::binary) << bad_magic;
+    std::ofstream(tmp.file("truncated.bin"), std::ios::binary) << good.substr(0, good.size() / 2);
+    std::string bad_version = good;
+    bad_version[4] = 7;
+    std::ofstream(tmp.file("version.bin"), std::ios::binary) << bad_version;
+    knngpt::GPTConfig c;
+    c.max_seq_len = 16, c.vocab_size = 256, c.padded_vocab_size = 256, c.num_layers = 1, c.num_heads = 2, c.channels = 16;
+    knngpt::write_model_file(tmp.file("ckpt.bin"), c, knngpt::gpt_random_init(c, 1));
+    std::string ckpt = slurp(tmp.file("ckpt.bin"));
+    std::ofstream(tmp.file("ckpt_truncated.bin"), std::ios::binary) << ckpt.substr(0, ckpt.size() - 100);
+    std::string ckpt_magic = ckpt;
+    ckpt_magic[1] ^= 1;
+    std::ofstream(tmp.file("ckpt_magic.bin"), std::ios::binary) << ckpt_magic;
+
+    std::string data = " -i " + train + " -j " + val;
+    std::vector<BadCase> cases = {
+        {"missing train file", " -i " + tmp.file("nope.bin") + " -j " + val, "nope.bin"},
+        {"wrong shard magic", " -i " + tmp.file("magic.bin") + " -j " + val, "magic"},
+        {"wrong shard version", " -i " + tmp.file("version.bin") + " -j " + val, "version"},
+        {"truncated shard", " -i " + tmp.file("truncated.bin") + " -j " + val, "truncated.bin"},
+        {"shard smaller than one batch", " -i " + tmp.file("small.bin") + " -j " + val, "small"},
+        {"missing checkpoint", data + " -e " + tmp.file("none.bin"), "none.bin"},
+        {"wrong checkpoint magic", data + " -e " + tmp.file("ckpt_magic.bin"), "bad magic"},
+        {"truncated checkpoint", data + " -e " + tmp.file("ckpt_truncated.bin"), "truncated"},
+        {"T above the model's max context", data + " -e " + tmp.file("ckpt.bin") + " -t 32", "max context 16"},
+        {"data vocab larger than the model's", data + " --vocab 100", "vocab"},
+        {"non-numeric flag value", data + " -b abc", "-b: expected an integer, got 'abc'"},
+        {"non-numeric float", data + " -l fast", "-l: expected a number"},
+        {"unknown flag", data + " --frobnicate 1", "unknown flag '--frobnicate'"},
+        {"missing value", data + " -b", "-b: missing value"},
+        {"unknown schedule", data + " -k wiggly", "unknown learning-rate schedule 'wiggly'"},
+        {"unknown attention mode", data + " --attn fancy", "unknown attention mode 'fancy'"},
+        {"bad descriptor", data + " -e d7", "unknown depth descriptor"},
+        {"-d not a multiple of B*T", data + " -b 4 -t 32 -d 100", "not a multiple"},
+        {"resume without checkpoint", data + " -y 1 -o " + tmp.file("empty_dir_that_is_missing"), "no checkpoint"},
+    };
+    for (const BadCase& bc : cases) {
+        std::string out_dir = tmp.file("should_not_exist");
+        // the case's own flags come last, so they win (and a missing value stays missing)
+        RunResult r = run("./train_gpt_cpu -x 2 -v 0 -s 0 -o " + out_dir + bc.args, tmp);
+        EXPECT_NE(r.exit_code, 0) << bc.name;
+        EXPECT_NE(r.err.find(bc.expect), std::string::npos) << bc.name << ": stderr was: " << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bc.name << ": stderr was: " << r.err;
+        EXPECT_EQ(r.out, "") << bc.name << ": printed to stdout";
+        EXPECT_FALSE(exists(out_dir)) << bc.name << ": created the output directory";
+    }
+}
+
+// Every flag appears in -h and in README.md.
+TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
+    RunResult help = run("./train_gpt_cpu -h", tmp);
+    ASSERT_EQ(help.exit_code, 0);
+    std::string readme = slurp("README.md");
+    ASSERT_FALSE(readme.empty()) << "README.md not found from " << tmp.path;
+    for (const char* flag : {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-l", "-u", "-k", "-q", "-c", "-x", "-a",
+                             "-v", "-m", "-s", "-g", "-n", "-y", "-h", "--shuffle", "--layers", "--heads",
+                             "--channels", "--max-seq-len", "--vocab", "--seed", "--attn", "--beta1", "--beta2",
+                             "--eps", "--grad-clip", "--tokenizer"}) {
+        std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
+        EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
+        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README.md";
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages knngpt needs, skipping those already present.
+#   bash tools/install_deps.sh           build + quick start (compiler, OpenBLAS, bible-kjv text)
+#   bash tools/install_deps.sh --tests   also what `make test` needs (GoogleTest, python3-torch)
+set -euo pipefail
+packages=(g++ make libopenblas-openmp-dev bible-kjv)
+if [ "${1:-}" = "--tests" ]; then
+  packages+=(libgtest-dev python3-torch python3-numpy)
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all packages present"
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps: done"

@@ -1,0 +1,496 @@
+// train/train_gpt.cpp — the knngpt trainer. One main for every backend: the
+// CPU build is train_gpt_cpu; the model and its ops come from model/ and the
+// backend chosen in model/backend.h.
+//
+// Flags follow llm.c's train_gpt2.cu where they mean the same thing (single
+// letters), with long names for the rest; `-h` lists them all.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <sys/stat.h>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "data/tokenizer.h"
+#include "kernels/common/rng.h"
+#include "model/checkpoint.h"
+#include "model/gpt.h"
+#include "model/lr_schedule.h"
+
+using namespace knngpt;
+
+// ----------------------------------------------------------------------------
+// Options and their parsing
+
+struct Options {
+    std::string train_pattern = "data/tinyshakespeare_train.bin";  // -i
+    std::string val_pattern = "data/tinyshakespeare_val.bin";      // -j
+    std::string init;                    // -e: model file or "dN"; empty = random init from the shape flags
+    std::string output_dir;              // -o
+    int B = 12;                          // -b
+    int T = 64;                          // -t
+    long total_batch_tokens = -1;        // -d
+    float lr = 1e-3f;                    // -l
+    int warmup = 0;                      // -u
+    float final_lr_frac = 0.1f;          // -q
+    float weight_decay = 0.0f;           // -c
+    std::string schedule = "cosine";     // -k
+    long max_steps = -1;                 // -x
+    int val_every = 250;                 // -v
+    int val_max_steps = 20;              // -m
+    int sample_every = 500;              // -s
+    int gen_tokens = 128;                // -g
+    int checkpoint_every = 0;            // -n
+    int resume = 0;                      // -y
+    int overfit_single_batch = 0;        // -a
+    uint64_t seed = 1337;                // --seed
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // --beta1 --beta2 --eps
+    float grad_clip = 1.0f;              // --grad-clip
+    int shuffle = 0;                     // --shuffle
+    int layers = -1, heads = -1, channels = -1, max_seq_len = -1, vocab = -1;  // shape flags
+    std::string tokenizer;               // --tokenizer
+    std::string attn = "exact";          // --attn
+};
+
+static const char* USAGE = R"(usage: train_gpt_cpu [options]
+
+Data
+  -i PATTERN       train token shards, a file or glob (default data/tinyshakespeare_train.bin)
+  -j PATTERN       validation token shards (default data/tinyshakespeare_val.bin)
+  --shuffle 0|1    shuffle shards and batches each epoch (default 0: file order, like llm.c)
+Model
+  -e INIT          llm.c model file (version 3 fp32 or 5 bf16) to start from, or a depth
+                   descriptor dN (d6, d12, d24, d36, d48) for a random GPT-2 of that depth;
+                   default: random init from the shape flags below
+  --layers N       number of layers (default 4, or from -e dN)
+  --heads N        attention heads (default 4, or from -e dN)
+  --channels N     embedding width (default 128, or from -e dN)
+  --max-seq-len N  max context (default: T, or 1024 with -e dN)
+  --vocab N        vocabulary size (default 256 byte-level, or 50257 with -e dN)
+  --seed N         seed of the initialisation and of sampling (default 1337)
+  --attn MODE      attention: exact (default)
+Optimisation
+  -b B             micro-batch size in sequences (default 12)
+  -t T             sequence length (default 64)
+  -d TOKENS        total batch size in tokens; gradients accumulate over
+                   TOKENS / (B*T) micro-batches (default -1: B*T)
+  -l LR            peak learning rate (default 1e-3)
+  -u STEPS         linear warmup steps (default 0)
+  -k SCHEDULE      cosine, linear or constant (default cosine)
+  -q FRAC          final learning rate as a fraction of LR (default 0.1)
+  -c WD            AdamW weight decay on 2-D weights and embeddings (default 0.0)
+  --beta1 X        AdamW beta1 (default 0.9)
+  --beta2 X        AdamW beta2 (default 0.95)
+  --eps X          AdamW epsilon (default 1e-8)
+  --grad-clip X    clip the global gradient norm to X; 0 = off (default 1.0)
+  -x STEPS         number of optimizer steps (default -1: one epoch of the train data)
+  -a 0|1           overfit a single batch (default 0)
+Evaluation, sampling, output
+  -v N             validation loss every N steps and at the end (default 250; 0 = only at the end)
+  -m N             validation batches per evaluation (default 20; -1 = all)
+  -s N             print a generated sample every N steps and at the end (default 500; 0 = only at the end)
+  -g N             tokens per sample (default 128)
+  --tokenizer FILE llm.c tokenizer file to decode samples (default: byte-level when vocab <= 256)
+  -o DIR           output directory for main.log and checkpoints (default: none)
+  -n N             write a checkpoint every N steps, and at the end (needs -o; default 0 = only at the end)
+  -y 0|1           resume from the latest checkpoint in -o (default 0)
+  -h, --help       this help
+Threads: set OMP_NUM_THREADS.
+)";
+
+[[noreturn]] static void die(const std::string& msg) {
+    fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
+    exit(1);
+}
+
+static long parse_long(const std::string& flag, const char* s) {
+    char* end = nullptr;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno) die(flag + ": expected an integer, got '" + s + "'");
+    return v;
+}
+
+static float parse_float(const std::string& flag, const char* s) {
+    char* end = nullptr;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (!*s || *end || errno || !std::isfinite(v)) die(flag + ": expected a number, got '" + s + "'");
+    return v;
+}
+
+static Options parse_args(int argc, char** argv) {
+    Options o;
+    auto integer = [](int* dst) { return [dst](const std::string& f, const char* v) { *dst = (int)parse_long(f, v); }; };
+    auto integer_l = [](long* dst) { return [dst](const std::string& f, const char* v) { *dst = parse_long(f, v); }; };
+    auto real = [](float* dst) { return [dst](const std::string& f, const char* v) { *dst = parse_float(f, v); }; };
+    auto text = [](std::string* dst) { return [dst](const std::string&, const char* v) { *dst = v; }; };
+    std::map<std::string, std::function<void(const std::string&, const char*)>> flags = {
+        {"-i", text(&o.train_pattern)}, {"-j", text(&o.val_pattern)}, {"-e", text(&o.init)},
+        {"-o", text(&o.output_dir)}, {"-b", integer(&o.B)}, {"-t", integer(&o.T)},
+        {"-d", integer_l(&o.total_batch_tokens)}, {"-l", real(&o.lr)}, {"-u", integer(&o.warmup)},
+        {"-q", real(&o.final_lr_frac)}, {"-c", real(&o.weight_decay)}, {"-k", text(&o.schedule)},
+        {"-x", integer_l(&o.max_steps)}, {"-v", integer(&o.val_every)}, {"-m", integer(&o.val_max_steps)},
+        {"-s", integer(&o.sample_every)}, {"-g", integer(&o.gen_tokens)}, {"-n", integer(&o.checkpoint_every)},
+        {"-y", integer(&o.resume)}, {"-a", integer(&o.overfit_single_batch)},
+        {"--seed", [&o](const std::string& f, const char* v) { o.seed = (uint64_t)parse_long(f, v); }},
+        {"--beta1", real(&o.beta1)}, {"--beta2", real(&o.beta2)}, {"--eps", real(&o.eps)},
+        {"--grad-clip", real(&o.grad_clip)}, {"--shuffle", integer(&o.shuffle)},
+        {"--layers", integer(&o.layers)}, {"--heads", integer(&o.heads)}, {"--channels", integer(&o.channels)},
+        {"--max-seq-len", integer(&o.max_seq_len)}, {"--vocab", integer(&o.vocab)},
+        {"--tokenizer", text(&o.tokenizer)}, {"--attn", text(&o.attn)},
+    };
+    for (int i = 1; i < argc; i++) {
+        std::string flag = argv[i];
+        if (flag == "-h" || flag == "--help") {
+            fputs(USAGE, stdout);
+            exit(0);
+        }
+        auto it = flags.find(flag);
+        if (it == flags.end()) die("unknown flag '" + flag + "' (see -h)");
+        if (i + 1 >= argc) die(flag + ": missing value");
+        it->second(flag, argv[++i]);
+    }
+    // value checks: one line each
+    if (o.B < 1) die("-b: batch size must be >= 1");
+    if (o.T < 1) die("-t: sequence length must be >= 1");
+    if (o.lr < 0) die("-l: learning rate must be >= 0");
+    if (o.warmup < 0) die("-u: warmup must be >= 0");
+    if (o.final_lr_frac < 0) die("-q: final fraction must be >= 0");
+    if (o.weight_decay < 0) die("-c: weight decay must be >= 0");
+    if (o.beta1 < 0 || o.beta1 >= 1) die("--beta1 must be in [0, 1)");
+    if (o.beta2 < 0 || o.beta2 >= 1) die("--beta2 must be in [0, 1)");
+    if (o.eps <= 0) die("--eps must be > 0");
+    if (o.grad_clip < 0) die("--grad-clip must be >= 0");
+    if (o.shuffle != 0 && o.shuffle != 1) die("--shuffle takes 0 or 1");
+    if (o.resume != 0 && o.resume != 1) die("-y takes 0 or 1");
+    if (o.overfit_single_batch != 0 && o.overfit_single_batch != 1) die("-a takes 0 or 1");
+    if (o.val_every < 0 || o.sample_every < 0 || o.checkpoint_every < 0) die("-v, -s and -n must be >= 0");
+    if (o.gen_tokens < 1) die("-g: sample length must be >= 1");
+    if (o.max_steps == 0 || o.max_steps < -1) die("-x: number of steps must be >= 1 (or -1 for one epoch)");
+    if (o.resume && o.output_dir.empty()) die("-y 1 needs -o DIR to resume from");
+    return o;
+}
+
+// ----------------------------------------------------------------------------
+// Building the model: from a checkpoint, a depth descriptor, or shape flags
+
+struct ModelSource {
+    GPTConfig config;
+    std::vector<float> params;
+    std::string description;
+};
+
+static GPTConfig config_from_descriptor(const std::string& d, const Options& o) {
+    int depth = (int)parse_long("-e", d.c_str() + 1);
+    std::map<int, std::pair<int, int>> shapes = {{6, {384, 6}}, {12, {768, 12}}, {24, {1024, 16}},
+                                                 {36, {1280, 20}}, {48, {1600, 25}}};
+    auto it = shapes.find(depth);
+    if (it == shapes.end()) die("-e: unknown depth descriptor '" + d + "' (known: d6, d12, d24, d36, d48)");
+    GPTConfig c;
+    c.num_layers = o.layers > 0 ? o.layers : depth;
+    c.channels = o.channels > 0 ? o.channels : it->second.first;
+    c.num_heads = o.heads > 0 ? o.heads : it->second.second;
+    c.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : 1024;
+    c.vocab_size = o.vocab > 0 ? o.vocab : 50257;
+    c.padded_vocab_size = padded_vocab(c.vocab_size);
+    return c;
+}
+
+static ModelSource model_source(const Options& o, const std::string& resume_model) {
+    ModelSource src;
+    std::string path = !resume_model.empty() ? resume_model : o.init;
+    bool is_descriptor = resume_model.empty() && o.init.size() >= 2 && o.init[0] == 'd' &&
+                         o.init.find_first_not_of("0123456789", 1) == std::string::npos;
+    if (!path.empty() && !is_descriptor) {
+        ModelFile mf = read_model_file(path);
+        // shape flags may restate the checkpoint's shape (as a resumed command does), never change it
+        const std::pair<const char*, std::pair<int, int>> shape_flags[] = {
+            {"--layers", {o.layers, mf.config.num_layers}},       {"--heads", {o.heads, mf.config.num_heads}},
+            {"--channels", {o.channels, mf.config.channels}},     {"--max-seq-len", {o.max_seq_len, mf.config.max_seq_len}},
+            {"--vocab", {o.vocab, mf.config.vocab_size}}};
+        for (const auto& [flag, values] : shape_flags)
+            if (values.first > 0 && values.first != values.second)
+                die(std::string(flag) + " " + std::to_string(values.first) + " differs from " +
+                    std::to_string(values.second) + " in " + path);
+        src.config = mf.config;
+        src.params = std::move(mf.params);
+        src.description = path + " (llm.c version " + std::to_string(mf.version) + ")";
+        return src;
+    }
+    if (is_descriptor) {
+        src.config = config_from_descriptor(o.init, o);
+        src.description = "random init, descriptor " + o.init + ", seed " + std::to_string(o.seed);
+    } else {
+        src.config.num_layers = o.layers > 0 ? o.layers : 4;
+        src.config.num_heads = o.heads > 0 ? o.heads : 4;
+        src.config.channels = o.channels > 0 ? o.channels : 128;
+        src.config.max_seq_len = o.max_seq_len > 0 ? o.max_seq_len : o.T;
+        src.config.vocab_size = o.vocab > 0 ? o.vocab : 256;
+        src.config.padded_vocab_size = padded_vocab(src.config.vocab_size);
+        src.description = "random init, seed " + std::to_string(o.seed);
+    }
+    validate_config(src.config, "model shape");
+    src.params = gpt_random_init(src.config, o.seed);
+    return src;
+}
+
+// ----------------------------------------------------------------------------
+// Checkpoints in the output directory: model_%08d.bin + state_%08d.bin
+
+static std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
+    char name[64];
+    snprintf(name, sizeof(name), "%s_%08d.bin", kind, step);
+    return dir + "/" + name;
+}
+
+static bool file_exists(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0;
+}
+
+// The latest step with both a model and a state file, or -1.
+static int latest_checkpoint(const std::string& dir) {
+    int best = -1;
+    DIR* d = opendir(dir.c_str());
+    if (!d) return -1;
+    while (struct dirent* e = readdir(d)) {
+        int step;
+        char tail;
+        if (sscanf(e->d_name, "state_%8d.bi%c", &step, &tail) == 2 && tail == 'n' &&
+            strlen(e->d_name) == strlen("state_00000000.bin") && file_exists(checkpoint_path(dir, "model", step)))
+            best = std::max(best, step);
+    }
+    closedir(d);
+    return best;
+}
+
+// ----------------------------------------------------------------------------
+// Sampling
+
+static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_tokens) {
+    const GPTConfig& c = model.config;
+    std::vector<int> tokens;
+    int start = tok && tok->eot_token() >= 0 ? tok->eot_token() : (c.vocab_size > '\n' ? '\n' : 0);
+    tokens.push_back(start);
+    std::vector<float> logits(c.padded_vocab_size);
+    std::vector<double> probs(c.vocab_size);
+    std::string text;
+    for (int i = 0; i < n_tokens; i++) {
+        int ctx = std::min((int)tokens.size(), model.T);  // sliding window over the last T tokens
+        const int* window = tokens.data() + tokens.size() - ctx;
+        gpt_forward(model, window, nullptr, 1, ctx);
+        gpt_logits_at(model, 0, ctx - 1, logits.data());
+        double mx = logits[0], sum = 0.0;
+        for (int v = 1; v < c.vocab_size; v++) mx = std::max(mx, (double)logits[v]);
+        for (int v = 0; v < c.vocab_size; v++) sum += probs[v] = std::exp(logits[v] - mx);
+        double u = rng.uniform() * sum, acc = 0.0;
+        int next = c.vocab_size - 1;
+        for (int v = 0; v < c.vocab_size; v++) {
+            acc += probs[v];
+            if (u < acc) { next = v; break; }
+        }
+        tokens.push_back(next);
+        text += tok ? tok->decode_printable(next) : std::to_string(next) + " ";
+    }
+    return text;
+}
+
+// ----------------------------------------------------------------------------
+
+static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vector<int>& inputs, std::vector<int>& targets) {
+    loader.reset();
+    int n = (int)loader.batches_per_epoch();
+    if (max_batches >= 0) n = std::min(n, max_batches);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        loader.next_batch(inputs.data(), targets.data());
+        gpt_forward(model, inputs.data(), targets.data(), model.B, model.T);
+        sum += model.mean_loss;
+    }
+    return n > 0 ? sum / n : NAN;
+}
+
+static std::string format_duration(double seconds) {
+    char buf[64];
+    long s = (long)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, sizeof(buf), "%ldh%02ldm", s / 3600, (s % 3600) / 60);
+    else if (s >= 60) snprintf(buf, sizeof(buf), "%ldm%02lds", s / 60, s % 60);
+    else snprintf(buf, sizeof(buf), "%lds", s);
+    return buf;
+}
+
+static int run(const Options& o) {
+    using clock = std::chrono::steady_clock;
+    // ---- everything that can fail on bad input happens before anything is written
+    LrSchedule schedule = parse_lr_schedule(o.schedule);
+    AttnConfig attn;
+    attn.mode = parse_attn_mode(o.attn);
+
+    int resume_step = -1;
+    if (o.resume) {
+        resume_step = latest_checkpoint(o.output_dir);
+        if (resume_step < 0) die("-y 1: no checkpoint (model_*.bin + state_*.bin) in " + o.output_dir);
+    }
+    ModelSource src = model_source(o, resume_step >= 0 ? checkpoint_path(o.output_dir, "model", resume_step) : "");
+    const GPTConfig& cfg = src.config;
+    if (o.T > cfg.max_seq_len)
+        die("-t " + std::to_string(o.T) + " exceeds the model's max context " + std::to_string(cfg.max_seq_len) + " (" +
+            src.description + ")");
+    long tokens_per_micro = (long)o.B * o.T;
+    long total_batch = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
+    if (total_batch % tokens_per_micro != 0)
+        die("-d " + std::to_string(total_batch) + " is not a multiple of B*T = " + std::to_string(tokens_per_micro));
+    int accum_steps = (int)(total_batch / tokens_per_micro);
+
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (!o.tokenizer.empty()) tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_llmc_file(o.tokenizer));
+    else if (cfg.vocab_size <= 256) tokenizer = std::make_unique<Tokenizer>(Tokenizer::byte_level());
+
+    DataLoader train_loader(o.train_pattern, o.B, o.T, 0, 1, o.shuffle != 0, o.seed, cfg.vocab_size);
+    DataLoader val_loader(o.val_pattern, o.B, o.T, 0, 1, false, o.seed, cfg.vocab_size);
+    long train_steps = o.max_steps > 0 ? o.max_steps : (long)(train_loader.batches_per_epoch() / accum_steps);
+    if (train_steps < 1) die("the train data holds fewer batches than one optimizer step needs");
+
+    GPT model;
+    model.attn = attn;
+    gpt_build(model, cfg, src.params, o.B, o.T);
+    src.params.clear();
+    src.params.shrink_to_fit();
+
+    Rng sample_rng(o.seed);
+    int start_step = 0;
+    if (resume_step >= 0) {
+        TrainState st = read_state_file(checkpoint_path(o.output_dir, "state", resume_step), model.num_parameters);
+        if (st.step != resume_step) die("state file step " + std::to_string(st.step) + " does not match its name");
+        gpt_set_optimizer_state(model, st);
+        sample_rng.state = st.rng_state;
+        train_loader.restore({st.data_epoch, st.data_shard_pos, st.data_batch_pos});
+        start_step = st.step;
+    }
+
+    // ---- header
+    auto row = [](const char* key, const std::string& value) { printf("| %-13s | %-58s |\n", key, value.c_str()); };
+    auto fmt = [](const char* f, auto... args) {
+        char buf[256];
+        snprintf(buf, sizeof(buf), f, args...);
+        return std::string(buf);
+    };
+    const char* rule = "+---------------+------------------------------------------------------------+\n";
+    printf("%s", rule);
+    row("backend", ops::BACKEND_NAME);
+    row("threads", std::to_string(omp_get_max_threads()));
+    row("model", src.description);
+    row("shape", fmt("L %d, NH %d, C %d, maxT %d, V %d (Vp %d)", cfg.num_layers, cfg.num_heads, cfg.channels,
+                     cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size));
+    row("parameters", std::to_string(model.num_parameters));
+    row("attention", attn_mode_name(attn.mode));
+    row("train data", fmt("%s (%zu tokens)", o.train_pattern.c_str(), train_loader.num_tokens()));
+    row("val data", fmt("%s (%zu tokens)", o.val_pattern.c_str(), val_loader.num_tokens()));
+    row("batch", fmt("B %d, T %d, accumulation %d -> %ld tokens/step", o.B, o.T, accum_steps, total_batch));
+    row("steps", fmt("%ld (from step %d)", train_steps, start_step));
+    row("schedule", fmt("lr %.2e, %s, warmup %d, final frac %.3g", o.lr, lr_schedule_name(schedule), o.warmup,
+                        o.final_lr_frac));
+    row("AdamW", fmt("beta1 %g, beta2 %g, eps %g, weight decay %g, clip %g", o.beta1, o.beta2, o.eps,
+                     o.weight_decay, o.grad_clip));
+    printf("%s", rule);
+    fflush(stdout);
+
+    FILE* log = nullptr;
+    if (!o.output_dir.empty()) {
+        mkdir(o.output_dir.c_str(), 0755);
+        std::string log_path = o.output_dir + "/main.log";
+        log = fopen(log_path.c_str(), o.resume ? "a" : "w");
+        if (!log) die(log_path + ": cannot open for writing");
+    }
+    auto save_checkpoint = [&](int step) {
+        if (o.output_dir.empty()) return;
+        TrainState st;
+        st.step = step;
+        st.shuffle = o.shuffle != 0;
+        st.rng_state = sample_rng.state;
+        DataLoaderState ds = train_loader.state();
+        st.data_epoch = ds.epoch;
+        st.data_shard_pos = ds.shard_pos;
+        st.data_batch_pos = ds.batch_pos;
+        gpt_get_optimizer_state(model, st);
+        // model first, state second: a state file only ever exists beside its model
+        write_model_file(checkpoint_path(o.output_dir, "model", step), cfg, gpt_host_parameters(model));
+        write_state_file(checkpoint_path(o.output_dir, "state", step), st);
+        printf("checkpoint: %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
+    };
+
+    std::vector<int> inputs((size_t)o.B * o.T), targets((size_t)o.B * o.T);
+    std::vector<int> val_inputs(inputs.size()), val_targets(targets.size());
+    AdamWConfig opt{o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip};
+    double total_ms = 0.0, last_train_loss = NAN, last_val_loss = NAN;
+    int timed_steps = 0;
+    auto run_start = clock::now();
+    if (o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
+
+    for (int step = start_step; step <= train_steps; step++) {
+        bool last_step = step == train_steps;
+        if ((o.val_every > 0 && step % o.val_every == 0) || last_step) {
+            last_val_loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets);
+            printf("val loss %.6f | perplexity %.4f | step %d\n", last_val_loss, std::exp(last_val_loss), step);
+            if (log) fprintf(log, "s:%d tel:%f\n", step, last_val_loss);
+        }
+        // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
+        if ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step) {
+            std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens);
+            printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
+        }
+        fflush(stdout);
+        if (step > start_step && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || last_step))
+            save_checkpoint(step);
+        if (last_step) break;
+
+        // ---- one optimizer step: accum_steps micro-batches, then AdamW
+        auto t0 = clock::now();
+        gpt_zero_grad(model);
+        double loss_sum = 0.0;
+        for (int micro = 0; micro < accum_steps; micro++) {
+            if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
+            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T);
+            gpt_backward(model, 1.0f / (float)(tokens_per_micro * accum_steps));
+            loss_sum += model.mean_loss;
+        }
+        float lr = learning_rate_at(schedule, o.lr, step, o.warmup, (int)train_steps, o.final_lr_frac);
+        float norm = gpt_update(model, lr, opt, step + 1);
+        double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+        last_train_loss = loss_sum / accum_steps;
+        if (step > start_step) { total_ms += ms; timed_steps++; }  // the first step warms caches
+        double mean_ms = timed_steps ? total_ms / timed_steps : ms;
+        printf("step %5d/%ld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %s\n", step + 1,
+               train_steps, last_train_loss, lr, norm, ms, total_batch / (ms / 1000.0),
+               format_duration(mean_ms * (train_steps - step - 1) / 1000.0).c_str());
+        if (log) fprintf(log, "s:%d trl:%f\n", step + 1, last_train_loss), fflush(log);
+        if (!std::isfinite(last_train_loss)) die("loss is not finite at step " + std::to_string(step + 1));
+    }
+    double wall = std::chrono::duration<double>(clock::now() - run_start).count();
+    printf("done: %ld steps in %.1f s | mean %.1f ms/step | final train loss %.6f | val loss %.6f | perplexity %.4f\n",
+           train_steps - start_step, wall, timed_steps ? total_ms / timed_steps : 0.0, last_train_loss, last_val_loss,
+           std::exp(last_val_loss));
+    if (log) fclose(log);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    Options o = parse_args(argc, argv);
+    try {
+        return run(o);
+    } catch (const std::exception& e) {
+        die(e.what());
+    }
+}
