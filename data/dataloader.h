@@ -7,25 +7,29 @@
 // followed by ntok tokens as little-endian uint16. The file size is exactly
 // 1024 + 2 * ntok bytes.
 //
-// Batches. With B rows of T tokens, a batch reads B*T + 1 consecutive tokens
-// of one shard: inputs are the first B*T, targets the last B*T (the same
-// tokens shifted by one), both laid out as (B, T). With `world` processes, a
-// shard holds nb = (ntok - 1) / (world * B * T) batch slots (integer
-// division); slot k of rank r starts at token (k * world + r) * B * T, so the
-// ranks of one step read adjacent, disjoint slices and together read what one
-// process with world * B rows would.
+// Batches. A shard is cut into windows of T + 1 tokens at stride T: window w
+// is tokens [w*T, w*T + T] (nw = (ntok - 1) / T of them). A row of a batch is
+// one window: inputs are its first T tokens, targets its last T (shifted by
+// one). With `world` processes, a shard holds nb = nw / (world * B) batch slots
+// (integer division); row i of slot k on rank r is window number
+// (k * world + r) * B + i in the shard's window order, so the ranks of one
+// step read disjoint windows and together read what one process with
+// world * B rows would.
 //
 // Order.
-// - Sequential (shuffle = false), as llm.c: shards in name order, slots
-//   0, 1, ..., nb - 1 within each shard. After the last slot of a shard comes
-//   the next shard; after the last shard the epoch counter increments and the
+// - Sequential (shuffle = false), as llm.c: shards in name order, windows in
+//   file order, so slot k of rank r is the B*T + 1 consecutive tokens from
+//   token (k * world + r) * B * T. After the last slot of a shard comes the
+//   next shard; after the last shard the epoch counter increments and the
 //   loader wraps to the first shard.
 // - Shuffled (shuffle = true): in epoch e the shards are visited in a
-//   permutation of their order, and the slots of shard s in a permutation of
-//   0..nb-1. Each permutation is a pure function of (seed, e, s) (Fisher-Yates
-//   driven by an Rng seeded from a mix of the three), so every rank that gets
-//   the same seed visits the same slots in the same order, and the position
-//   (epoch, shard_pos, batch_pos) is the whole state.
+//   permutation of their order, and the windows of shard s in a permutation of
+//   0..nw-1, so every row of every batch is an independent window, as in
+//   nanoGPT's random batches, but each window is read at most once an epoch.
+//   Each permutation is a pure function of (seed, e, s) (Fisher-Yates driven by
+//   an Rng seeded from a mix of the three), so every rank that gets the same
+//   seed sees the same order, and the position (epoch, shard_pos, batch_pos) is
+//   the whole state.
 //
 // Resuming. state() is the position of the next batch to be read:
 // shard_pos indexes the epoch's shard order, batch_pos the shard's slot order.
@@ -271,7 +275,8 @@ class DataLoader {
                                          std::to_string(T) + " + 1 needs " +
                                          std::to_string(tokens_per_step + 1));
             size_t nb = (shard.num_tokens() - 1) / tokens_per_step;
-            if (nb > UINT32_MAX) throw std::runtime_error(path + ": too many batches in one shard");
+            if ((shard.num_tokens() - 1) / T > UINT32_MAX)
+                throw std::runtime_error(path + ": too many windows of T tokens in one shard");
             shard.check_vocab(vocab_size);
             paths_.push_back(path);
             shard_tokens_.push_back(shard.num_tokens());
@@ -284,12 +289,13 @@ class DataLoader {
     void next_batch(int* inputs, int* targets) {
         const uint32_t shard = shard_at(epoch_, shard_pos_);
         load_shard(shard);
-        const size_t slot = slot_at(shard, batch_pos_);
-        const size_t BT = (size_t)B_ * T_;
-        const uint16_t* tok = current_.tokens() + (slot * world_ + rank_) * BT;
-        for (size_t i = 0; i < BT; i++) {
-            inputs[i] = tok[i];
-            targets[i] = tok[i + 1];
+        const size_t first_row = (batch_pos_ * world_ + rank_) * (size_t)B_;
+        for (size_t i = 0; i < (size_t)B_; i++) {
+            const uint16_t* window = current_.tokens() + window_at(shard, first_row + i) * T_;
+            for (size_t t = 0; t < (size_t)T_; t++) {
+                inputs[i * T_ + t] = window[t];
+                targets[i * T_ + t] = window[t + 1];
+            }
         }
         advance(shard);
     }
@@ -332,16 +338,16 @@ class DataLoader {
         return shard_order_[shard_pos];
     }
 
-    // The batch slot read at position batch_pos of `shard` in the current epoch.
-    size_t slot_at(uint32_t shard, uint64_t batch_pos) {
-        if (!shuffle_) return (size_t)batch_pos;
-        if (slot_order_.empty() || slot_order_epoch_ != epoch_ || slot_order_shard_ != shard) {
-            slot_order_ = data_detail::seeded_permutation((uint32_t)shard_batches_[shard], seed_, epoch_,
-                                                          (uint64_t)shard + 1);
-            slot_order_epoch_ = epoch_;
-            slot_order_shard_ = shard;
+    // The window read as row number `row` of `shard` in the current epoch.
+    size_t window_at(uint32_t shard, size_t row) {
+        if (!shuffle_) return row;
+        if (window_order_.empty() || window_order_epoch_ != epoch_ || window_order_shard_ != shard) {
+            const uint32_t num_windows = (uint32_t)((shard_tokens_[shard] - 1) / T_);
+            window_order_ = data_detail::seeded_permutation(num_windows, seed_, epoch_, (uint64_t)shard + 1);
+            window_order_epoch_ = epoch_;
+            window_order_shard_ = shard;
         }
-        return slot_order_[batch_pos];
+        return window_order_[row];
     }
 
     void load_shard(uint32_t shard) {
@@ -373,9 +379,9 @@ class DataLoader {
 
     data_detail::MappedShard current_;
     int64_t current_shard_ = -1;
-    std::vector<uint32_t> shard_order_, slot_order_;
-    uint64_t shard_order_epoch_ = 0, slot_order_epoch_ = 0;
-    uint32_t slot_order_shard_ = 0;
+    std::vector<uint32_t> shard_order_, window_order_;
+    uint64_t shard_order_epoch_ = 0, window_order_epoch_ = 0;
+    uint32_t window_order_shard_ = 0;
 };
 
 }  // namespace knngpt

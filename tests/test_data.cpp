@@ -262,7 +262,9 @@ TEST(DataLoaderRanks, TwoRanksTogetherReadWhatOneRankReadsWithTwiceTheRows) {
 namespace {
 
 // Three shards of distinct tokens (shard s: 1000*s + i, under 1000 tokens each),
-// so a batch is identified by its first input token.
+// so a row is identified by its first input token. Every shard's windows of
+// T + 1 tokens fill whole batches (160/4 = 40, 96/4 = 24, 242/4 = 60 windows
+// for B = 2), so an epoch reads every window.
 struct ShuffleData {
     TempDir dir;
     std::vector<std::vector<uint16_t>> shards = {ramp(161, 0), ramp(97, 1000), ramp(243, 2000)};
@@ -277,18 +279,23 @@ struct ShuffleData {
     }
 };
 
-// The first input token of each batch of one epoch, checking that every batch
-// is B*T+1 consecutive tokens of one shard.
-std::vector<int> epoch_batch_starts(DataLoader& loader, int B, int T) {
+// The first input token of each row of each batch of one epoch, checking that
+// every row is one window: T + 1 consecutive tokens of one shard, at a window
+// boundary (a multiple of T from the shard's start).
+std::vector<int> epoch_row_starts(DataLoader& loader, int B, int T) {
     std::vector<int> starts;
     const uint64_t epoch = loader.state().epoch;
     for (size_t i = 0; i < loader.batches_per_epoch(); i++) {
         Batch batch = next_batch(loader, B, T);
-        for (int j = 0; j < B * T; j++) {
-            EXPECT_EQ(batch.inputs[j], batch.inputs[0] + j);
-            EXPECT_EQ(batch.targets[j], batch.inputs[0] + j + 1);
+        for (int r = 0; r < B; r++) {
+            const int first = batch.inputs[r * T];
+            EXPECT_EQ(first % 1000 % T, 0) << "row starts inside a window";
+            for (int t = 0; t < T; t++) {
+                EXPECT_EQ(batch.inputs[r * T + t], first + t);
+                EXPECT_EQ(batch.targets[r * T + t], first + t + 1);
+            }
+            starts.push_back(first);
         }
-        starts.push_back(batch.inputs[0]);
     }
     EXPECT_EQ(loader.state().epoch, epoch + 1) << "an epoch is batches_per_epoch() batches";
     return starts;
@@ -296,25 +303,35 @@ std::vector<int> epoch_batch_starts(DataLoader& loader, int B, int T) {
 
 }  // namespace
 
-TEST(DataLoaderShuffle, EveryBatchOfAnEpochAppearsExactlyOnce) {
+TEST(DataLoaderShuffle, EveryWindowOfAnEpochAppearsExactlyOnce) {
     ShuffleData data;
     DataLoader sequential = data.loader(false, 0);
-    std::vector<int> expected = epoch_batch_starts(sequential, data.B, data.T);
+    std::vector<int> expected = epoch_row_starts(sequential, data.B, data.T);
+    EXPECT_EQ(expected.size(), (40u + 24u + 60u));
     std::sort(expected.begin(), expected.end());
 
     DataLoader shuffled = data.loader(true, 1234);
     for (int epoch = 0; epoch < 3; epoch++) {
-        std::vector<int> starts = epoch_batch_starts(shuffled, data.B, data.T);
+        std::vector<int> starts = epoch_row_starts(shuffled, data.B, data.T);
         EXPECT_NE(starts, expected) << "epoch " << epoch << " is not shuffled";
         std::sort(starts.begin(), starts.end());
         EXPECT_EQ(starts, expected) << "epoch " << epoch;
     }
 }
 
-TEST(DataLoaderShuffle, ReadsAllBatchesOfAShardBeforeTheNextShard) {
+TEST(DataLoaderShuffle, RowsOfABatchAreIndependentWindows) {
+    ShuffleData data;
+    DataLoader shuffled = data.loader(true, 7);
+    std::vector<int> starts = epoch_row_starts(shuffled, data.B, data.T);
+    int adjacent = 0;
+    for (size_t i = 0; i + 1 < starts.size(); i += data.B) adjacent += starts[i + 1] == starts[i] + data.T;
+    EXPECT_LT(adjacent, (int)starts.size() / data.B / 2) << "rows of a batch look like consecutive windows";
+}
+
+TEST(DataLoaderShuffle, ReadsAllWindowsOfAShardBeforeTheNextShard) {
     ShuffleData data;
     DataLoader shuffled = data.loader(true, 99);
-    std::vector<int> starts = epoch_batch_starts(shuffled, data.B, data.T);
+    std::vector<int> starts = epoch_row_starts(shuffled, data.B, data.T);
     std::vector<int> shard_sequence;
     for (int start : starts)
         if (shard_sequence.empty() || shard_sequence.back() != start / 1000) shard_sequence.push_back(start / 1000);
@@ -324,19 +341,19 @@ TEST(DataLoaderShuffle, ReadsAllBatchesOfAShardBeforeTheNextShard) {
 TEST(DataLoaderShuffle, SameSeedSameOrderDifferentSeedDifferentOrder) {
     ShuffleData data;
     DataLoader a = data.loader(true, 5), b = data.loader(true, 5), c = data.loader(true, 6);
-    std::vector<int> order_a = epoch_batch_starts(a, data.B, data.T);
-    EXPECT_EQ(order_a, epoch_batch_starts(b, data.B, data.T));
-    EXPECT_NE(order_a, epoch_batch_starts(c, data.B, data.T));
+    std::vector<int> order_a = epoch_row_starts(a, data.B, data.T);
+    EXPECT_EQ(order_a, epoch_row_starts(b, data.B, data.T));
+    EXPECT_NE(order_a, epoch_row_starts(c, data.B, data.T));
 }
 
 TEST(DataLoaderShuffle, EachEpochHasItsOwnOrder) {
     ShuffleData data;
     DataLoader loader = data.loader(true, 5);
-    std::vector<int> epoch0 = epoch_batch_starts(loader, data.B, data.T);
-    std::vector<int> epoch1 = epoch_batch_starts(loader, data.B, data.T);
+    std::vector<int> epoch0 = epoch_row_starts(loader, data.B, data.T);
+    std::vector<int> epoch1 = epoch_row_starts(loader, data.B, data.T);
     EXPECT_NE(epoch0, epoch1);
     loader.reset();
-    EXPECT_EQ(epoch_batch_starts(loader, data.B, data.T), epoch0) << "reset replays epoch 0";
+    EXPECT_EQ(epoch_row_starts(loader, data.B, data.T), epoch0) << "reset replays epoch 0";
 }
 
 // ---------------------------------------------------------------- resume
