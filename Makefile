@@ -31,7 +31,7 @@ help:
 	@echo "  make prepare_data    text file -> llm.c token shards"
 	@echo "  make test           build and run every test (GoogleTest)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
-	@echo "  make bench          training-step benchmarks (ms/step, tok/s)"
+	@echo "  make bench          training-step benchmarks: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS"
 
@@ -57,8 +57,13 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 test: $(TEST_BINS) train_gpt_cpu prepare_data reference
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
 
-bench: train_gpt_cpu
-	sh tools/bench_train.sh
+# the benchmark's baseline: the same trainer with plain-loop matmuls
+$(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DKNNGPT_MATMUL_LOOPS -o $@ $< $(LDLIBS)
+
+bench: train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops
+	bash tools/bench_train.sh
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu prepare_data

@@ -366,6 +366,25 @@ TEST(CpuOps, MatmulBackwardMatchesFiniteDifferences) {
     EXPECT_EQ(dweight2, dweight);
 }
 
+// The plain-loop matmul (the benchmark's baseline) computes what sgemm does.
+TEST(CpuOps, MatmulLoopsMatchSgemm) {
+    const int N = 19, C = 24, OC = 33;
+    auto inp = random_floats((size_t)N * C, 27), weight = random_floats((size_t)OC * C, 28);
+    auto bias = random_floats(OC, 29), dout = random_floats((size_t)N * OC, 30);
+    vector<float> out_blas((size_t)N * OC), out_loops((size_t)N * OC);
+    cpu::matmul_forward(out_blas.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    cpu::matmul_forward_loops(out_loops.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+    EXPECT_LT(max_rel_error(out_loops.data(), out_blas.data(), out_blas.size()), kForwardTol);
+
+    vector<float> dinp_b(inp.size(), 0.5f), dw_b(weight.size(), 0.5f), db_b(OC, 0.5f);
+    vector<float> dinp_l = dinp_b, dw_l = dw_b, db_l = db_b;  // both accumulate onto 0.5
+    cpu::matmul_backward(dinp_b.data(), dw_b.data(), db_b.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+    cpu::matmul_backward_loops(dinp_l.data(), dw_l.data(), db_l.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+    EXPECT_LT(max_rel_error(dinp_l.data(), dinp_b.data(), dinp_b.size()), kForwardTol);
+    EXPECT_LT(max_rel_error(dw_l.data(), dw_b.data(), dw_b.size()), kForwardTol);
+    EXPECT_LT(max_rel_error(db_l.data(), db_b.data(), db_b.size()), kForwardTol);
+}
+
 // ---------------------------------------------------------------------------
 // gelu, residual
 // ---------------------------------------------------------------------------

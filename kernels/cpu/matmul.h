@@ -11,6 +11,12 @@
 //
 // OpenBLAS is the OpenMP build: it shares our thread pool, and a call made from
 // inside an OpenMP parallel region runs single-threaded.
+//
+// matmul_forward_loops / matmul_backward_loops are the same products as plain
+// OpenMP loops, the way a from-scratch C trainer writes them. They are the
+// baseline `make bench` measures sgemm against (built with
+// -DKNNGPT_MATMUL_LOOPS, the model then calls them) and are tested against the
+// sgemm path.
 #pragma once
 
 #include <cblas.h>
@@ -19,8 +25,55 @@
 
 namespace knngpt::cpu {
 
+inline void matmul_forward_loops(float* out, const float* inp, const float* weight, const float* bias,
+                                 int N, int C, int OC) {
+    #pragma omp parallel for collapse(2)
+    for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) {
+            const float* inp_n = inp + (size_t)n * C;
+            const float* w_o = weight + (size_t)o * C;
+            float sum = bias ? bias[o] : 0.0f;
+            #pragma omp simd reduction(+ : sum)
+            for (int c = 0; c < C; c++) sum += inp_n[c] * w_o[c];
+            out[(size_t)n * OC + o] = sum;
+        }
+    }
+}
+
+inline void matmul_backward_loops(float* dinp, float* dweight, float* dbias, const float* dout,
+                                  const float* inp, const float* weight, int N, int C, int OC) {
+    // dinp: each row n owned by one iteration
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float* dinp_n = dinp + (size_t)n * C;
+        for (int o = 0; o < OC; o++) {
+            const float d = dout[(size_t)n * OC + o];
+            const float* w_o = weight + (size_t)o * C;
+            #pragma omp simd
+            for (int c = 0; c < C; c++) dinp_n[c] += d * w_o[c];
+        }
+    }
+    // dweight and dbias: each output row o owned by one iteration
+    #pragma omp parallel for
+    for (int o = 0; o < OC; o++) {
+        float* dw_o = dweight + (size_t)o * C;
+        float bias_sum = 0.0f;
+        for (int n = 0; n < N; n++) {
+            const float d = dout[(size_t)n * OC + o];
+            const float* inp_n = inp + (size_t)n * C;
+            bias_sum += d;
+            #pragma omp simd
+            for (int c = 0; c < C; c++) dw_o[c] += d * inp_n[c];
+        }
+        if (dbias) dbias[o] += bias_sum;
+    }
+}
+
 inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                            int N, int C, int OC) {
+#ifdef KNNGPT_MATMUL_LOOPS
+    return matmul_forward_loops(out, inp, weight, bias, N, C, OC);
+#endif
     // out(N, OC) = inp(N, C) @ weight(OC, C)^T
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
                 1.0f, inp, C, weight, C, 0.0f, out, OC);
@@ -34,6 +87,9 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
 
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                             const float* inp, const float* weight, int N, int C, int OC) {
+#ifdef KNNGPT_MATMUL_LOOPS
+    return matmul_backward_loops(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+#endif
     // dinp(N, C) += dout(N, OC) @ weight(OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
                 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
