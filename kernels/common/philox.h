@@ -1,0 +1,94 @@
+// kernels/common/philox.h — Philox4x32-10, the counter-based random numbers of
+// every stochastic attention estimator (Salmon et al., SC'11).
+//
+// A draw is a pure function of (key, counter): no state, so the CPU and the
+// CUDA backends, forward and backward, regenerate identical samples. knngpt's
+// counter layout (ALGORITHMS.md §9.3):
+//   key     = the 64-bit --attn-seed
+//   counter = (step, layer * NH + head, batch * T + query, draw)
+//   draw    = (purpose << 28) | index    (purpose below; index < 2^28)
+// One Philox call gives four 32-bit words; each draw uses word 0 (and word 1
+// where it needs 64 bits), so draws never share words.
+//
+// Round (×10): with products M0·c0 = (hi0, lo0) and M1·c2 = (hi1, lo1),
+//   c ← (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0), then k ← k + (W0, W1).
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KNNGPT_HD __host__ __device__ __forceinline__
+#else
+#define KNNGPT_HD inline
+#endif
+
+namespace knngpt {
+
+struct Philox4 {
+    uint32_t x[4];
+};
+
+KNNGPT_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
+    uint64_t product = (uint64_t)a * (uint64_t)b;
+    *hi = (uint32_t)(product >> 32);
+    *lo = (uint32_t)product;
+}
+
+// Philox4x32 with 10 rounds of counter c under key (k0, k1).
+KNNGPT_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
+    const uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) { k0 += W0; k1 += W1; }
+        uint32_t hi0, lo0, hi1, lo1;
+        philox_mulhilo(M0, c.x[0], &hi0, &lo0);
+        philox_mulhilo(M1, c.x[2], &hi1, &lo1);
+        c = Philox4{{hi1 ^ c.x[1] ^ k0, lo1, hi0 ^ c.x[3] ^ k1, lo0}};
+    }
+    return c;
+}
+
+// What a draw is for: the top 4 bits of the counter's draw word, so the
+// streams of different purposes never overlap.
+enum DrawPurpose : uint32_t {
+    DRAW_HEAD_GUMBEL = 0,       // Gumbel noise on the top-k keys (lazy Gumbel)
+    DRAW_TAIL_POSITION = 1,     // uniform tail keys (knn-tail, lazy Gumbel)
+    DRAW_TRUNCATED_GUMBEL = 2,  // truncated Gumbels of the tail (lazy Gumbel)
+    DRAW_GEOMETRIC_SKIP = 3,    // geometric skips over the tail
+    DRAW_GRADIENT_SAMPLE = 4,   // sampled attention gradients
+    DRAW_HASH = 5,              // LSH projections
+    DRAW_LIGHT_SAMPLE = 6,      // KMV light-part samples
+};
+
+// Where a random stream lives: one (seed, step, layer, head, batch, query).
+struct DrawSite {
+    uint64_t seed;
+    uint32_t step, layer_head, batch_query;
+};
+
+// The four words of draw `index` of `purpose` at `site`.
+KNNGPT_HD Philox4 philox_draw(const DrawSite& site, uint32_t purpose, uint32_t index) {
+    Philox4 c{{site.step, site.layer_head, site.batch_query, (purpose << 28) | (index & 0x0FFFFFFFu)}};
+    return philox4x32_10(c, (uint32_t)site.seed, (uint32_t)(site.seed >> 32));
+}
+
+// Uniform in (0, 1) from one word: (w >> 9) 2^-23 + 2^-24, in [2^-24, 1 - 2^-24],
+// never 0 or 1, safe for log. (ALGORITHMS.md §9.3 writes (w >> 8) 2^-24 + 2^-25,
+// but its largest value, 1 - 2^-25, rounds to exactly 1.0f; 23 bits keep every
+// value representable.)
+KNNGPT_HD float uniform_open01(uint32_t w) {
+    return (float)(w >> 9) * (1.0f / 8388608.0f) + (1.0f / 16777216.0f);
+}
+
+// Uniform in (0, 1) with 52 bits from two words, for fp64 sampling arithmetic:
+// (b + 1/2) 2^-52, in [2^-53, 1 - 2^-53].
+KNNGPT_HD double uniform_open01_f64(uint32_t w0, uint32_t w1) {
+    uint64_t bits = (((uint64_t)w0 << 32) | w1) >> 12;  // 52 random bits
+    return ((double)bits + 0.5) * (1.0 / 4503599627370496.0);
+}
+
+// Uniform integer in [0, n): (w · n) >> 32. The bias is at most n / 2^32,
+// negligible for the n <= 2^20 keys of a row.
+KNNGPT_HD uint32_t uniform_below(uint32_t w, uint32_t n) {
+    return (uint32_t)(((uint64_t)w * (uint64_t)n) >> 32);
+}
+
+}  // namespace knngpt
