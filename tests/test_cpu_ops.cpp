@@ -30,6 +30,7 @@
 #include "kernels/cpu/vector_math.h"
 #include "tests/test_util.h"
 
+using knngpt_test::finite_difference_gradient;
 using knngpt_test::max_rel_error;
 using std::vector;
 namespace cpu = knngpt::cpu;
@@ -38,7 +39,6 @@ namespace {
 
 constexpr double kForwardTol = 1e-5;
 constexpr double kBackwardTol = 1e-4;
-constexpr double kFdStep = 1e-6;
 
 vector<float> random_floats(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
     std::mt19937 gen(seed);
@@ -58,27 +58,6 @@ vector<int> random_ints(size_t n, unsigned seed, int upper) {
 
 vector<double> to_double(const vector<float>& x) { return vector<double>(x.begin(), x.end()); }
 
-double dot(const vector<double>& a, const vector<float>& b) {
-    double s = 0.0;
-    for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
-    return s;
-}
-
-// dL/dx by central differences, L = sum(forward() * w); forward reads x.
-vector<double> finite_difference_gradient(vector<double>& x, const vector<float>& w,
-                                          const std::function<vector<double>()>& forward) {
-    vector<double> grad(x.size());
-    for (size_t i = 0; i < x.size(); i++) {
-        const double saved = x[i];
-        x[i] = saved + kFdStep;
-        const double loss_plus = dot(forward(), w);
-        x[i] = saved - kFdStep;
-        const double loss_minus = dot(forward(), w);
-        x[i] = saved;
-        grad[i] = (loss_plus - loss_minus) / (2.0 * kFdStep);
-    }
-    return grad;
-}
 
 // ---------------------------------------------------------------------------
 // Double-precision references: the formulas, as plainly as possible.

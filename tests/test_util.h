@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -21,6 +22,30 @@ double max_rel_error(const TA* a, const TB* b, size_t n) {
         max_ref = std::fmax(max_ref, std::fabs((double)b[i]));
     }
     return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+// dL/dx by central differences in double, L = sum(forward() * w), where
+// forward() reads x. Step 1e-6: truncation ~1e-12, rounding ~1e-10 relative.
+inline std::vector<double> finite_difference_gradient(std::vector<double>& x, const std::vector<float>& w,
+                                                      const std::function<std::vector<double>()>& forward,
+                                                      double step = 1e-6) {
+    auto loss = [&] {
+        std::vector<double> out = forward();
+        double sum = 0.0;
+        for (size_t i = 0; i < out.size(); i++) sum += out[i] * w[i];
+        return sum;
+    };
+    std::vector<double> grad(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        const double saved = x[i];
+        x[i] = saved + step;
+        const double loss_plus = loss();
+        x[i] = saved - step;
+        const double loss_minus = loss();
+        x[i] = saved;
+        grad[i] = (loss_plus - loss_minus) / (2.0 * step);
+    }
+    return grad;
 }
 
 // A fresh temporary directory, removed (with its files) when this goes out of scope.
