@@ -1,0 +1,820 @@
+// tests/test_topk_index.cpp — the causal top-k indices of kernels/cpu/topk_index.h
+// (ALGORITHMS.md §2.1, §6, §9.2).
+//
+// References written here:
+//   - a full sort per row by (score desc, index asc), scores from topk_score (the
+//     score definition the indices share), so exact indices must match it exactly;
+//   - on small-integer inputs every fp32 score is an exact integer, so there the
+//     reference uses exact double dot products and ties are genuine;
+//   - for lsh, the candidate rule re-derived from the hash codes (lsh_codes), and
+//     the hashing itself checked statistically: hyperplane entries standard
+//     Gaussian, and SimHash's bit-collision probability 1 - angle / pi.
+// Statistical checks use |mean - truth| <= 5 standard errors with the standard
+// error measured from the samples.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/topk_index.h"
+
+using std::vector;
+namespace cpu = knngpt::cpu;
+
+namespace {
+
+struct Shape {
+    int B, T, C, NH;
+    int HS() const { return C / NH; }
+    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
+    size_t idx_size(int k) const { return (size_t)B * NH * T * k; }
+};
+
+const float* query_of(const vector<float>& qkv, const Shape& s, int b, int h, int i) {
+    return qkv.data() + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.HS();
+}
+const float* key_of(const vector<float>& qkv, const Shape& s, int b, int h, int j) {
+    return query_of(qkv, s, b, h, j) + s.C;
+}
+float* query_of(vector<float>& qkv, const Shape& s, int b, int h, int i) {
+    return qkv.data() + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.HS();
+}
+
+vector<float> uniform_qkv(const Shape& s, unsigned seed) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    vector<float> qkv(s.qkv_size());
+    for (auto& x : qkv) x = dist(gen);
+    return qkv;
+}
+
+// entries in {-range..range}: every fp32 score is an exact integer, with many ties
+vector<float> integer_qkv(const Shape& s, unsigned seed, int range) {
+    std::mt19937 gen(seed);
+    std::uniform_int_distribution<int> dist(-range, range);
+    vector<float> qkv(s.qkv_size());
+    for (auto& x : qkv) x = (float)dist(gen);
+    return qkv;
+}
+
+// Keys from a Gaussian mixture: per (b, h), `components` means with N(0, 1)
+// coordinates; key j = mean of its component + noise N(0, noise^2). Components come
+// in runs of consecutive positions (lengths uniform in [run_min, run_max], like
+// topics in a document) or, with run_max = 0, are drawn independently per position.
+// Query i sits near the component of position i. component_of, if given, receives
+// the component of every key, (B, NH, T).
+vector<float> clustered_qkv(const Shape& s, unsigned seed, int components, int run_min, int run_max,
+                            float noise = 0.3f, vector<int>* component_of = nullptr) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> pick(0, components - 1);
+    vector<float> qkv = uniform_qkv(s, seed + 1);  // v channels stay uniform
+    const int HS = s.HS();
+    if (component_of) component_of->assign((size_t)s.B * s.NH * s.T, -1);
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.NH; h++) {
+            vector<float> means((size_t)components * HS);
+            for (auto& x : means) x = normal(gen);
+            int component = 0, run_left = 0;
+            for (int j = 0; j < s.T; j++) {
+                if (run_max == 0) {
+                    component = pick(gen);
+                } else if (run_left == 0) {
+                    component = pick(gen);
+                    run_left = std::uniform_int_distribution<int>(run_min, run_max)(gen);
+                }
+                run_left--;
+                if (component_of) (*component_of)[((size_t)b * s.NH + h) * s.T + j] = component;
+                float* q = query_of(qkv, s, b, h, j);
+                float* k = q + s.C;
+                for (int d = 0; d < HS; d++) {
+                    k[d] = means[(size_t)component * HS + d] + noise * normal(gen);
+                    q[d] = means[(size_t)component * HS + d] + noise * normal(gen);
+                }
+            }
+        }
+    }
+    return qkv;
+}
+
+// The attention benchmark's clustered inputs: per (b, h), `components` centres drawn
+// N(0, I) and scaled to norm `radius`; key j = a random centre + noise N(0, noise^2),
+// query i = another, independent random centre + noise. Every position draws its
+// own components, so the clusters are interleaved along the sequence.
+vector<float> sphere_mixture_qkv(const Shape& s, unsigned seed, int components, float radius, float noise) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_int_distribution<int> pick(0, components - 1);
+    vector<float> qkv = uniform_qkv(s, seed + 1);  // v channels stay uniform
+    const int HS = s.HS();
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.NH; h++) {
+            vector<float> centres((size_t)components * HS);
+            for (int c = 0; c < components; c++) {
+                double norm2 = 0.0;
+                for (int d = 0; d < HS; d++) {
+                    centres[(size_t)c * HS + d] = normal(gen);
+                    norm2 += (double)centres[(size_t)c * HS + d] * centres[(size_t)c * HS + d];
+                }
+                for (int d = 0; d < HS; d++) centres[(size_t)c * HS + d] *= (float)(radius / std::sqrt(norm2));
+            }
+            for (int j = 0; j < s.T; j++) {
+                float* q = query_of(qkv, s, b, h, j);
+                const float* key_centre = centres.data() + (size_t)pick(gen) * HS;
+                const float* query_centre = centres.data() + (size_t)pick(gen) * HS;
+                for (int d = 0; d < HS; d++) {
+                    q[s.C + d] = key_centre[d] + noise * normal(gen);
+                    q[d] = query_centre[d] + noise * normal(gen);
+                }
+            }
+        }
+    }
+    return qkv;
+}
+
+// The definition: per row, all causal keys sorted by (score desc, index asc), the
+// first min(k, i+1) taken, written in ascending order, then -1.
+template <class ScoreFn>
+vector<int> reference_topk(const Shape& s, int k, ScoreFn score) {
+    vector<int> idx(s.idx_size(k), -1);
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.NH; h++) {
+            for (int i = 0; i < s.T; i++) {
+                vector<std::pair<double, int>> row;
+                for (int j = 0; j <= i; j++) row.push_back({score(b, h, i, j), j});
+                std::sort(row.begin(), row.end(), [](const auto& x, const auto& y) {
+                    return x.first > y.first || (x.first == y.first && x.second < y.second);
+                });
+                const int n = std::min(k, i + 1);
+                vector<int> chosen;
+                for (int s2 = 0; s2 < n; s2++) chosen.push_back(row[s2].second);
+                std::sort(chosen.begin(), chosen.end());
+                std::copy(chosen.begin(), chosen.end(), idx.begin() + cpu::topk_idx_row(b, h, i, s.T, s.NH, k));
+            }
+        }
+    }
+    return idx;
+}
+
+vector<int> reference_topk_fp32(const vector<float>& qkv, const Shape& s, int k) {
+    return reference_topk(s, k, [&](int b, int h, int i, int j) {
+        return (double)cpu::topk_score(query_of(qkv, s, b, h, i), key_of(qkv, s, b, h, j), s.HS());
+    });
+}
+
+vector<int> reference_topk_exact(const vector<float>& qkv, const Shape& s, int k) {
+    return reference_topk(s, k, [&](int b, int h, int i, int j) {
+        const float* q = query_of(qkv, s, b, h, i);
+        const float* key = key_of(qkv, s, b, h, j);
+        double dot = 0.0;
+        for (int d = 0; d < s.HS(); d++) dot += (double)q[d] * key[d];
+        return dot;
+    });
+}
+
+vector<int> run_brute(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_brute(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
+    return idx;
+}
+vector<int> run_block(const vector<float>& qkv, const Shape& s, int k, int block_size,
+                      cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_block(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, block_size, stats);
+    return idx;
+}
+vector<int> run_lsh(const vector<float>& qkv, const Shape& s, int k, const cpu::LshParams& p,
+                    cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_lsh(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
+    return idx;
+}
+
+struct Partition {
+    vector<int> block_start, keys;
+    int num_blocks() const { return (int)block_start.size() - 1; }
+};
+Partition partition_of(const vector<float>& qkv, const Shape& s, int b, int h, int block_size) {
+    Partition p;
+    cpu::topk_block_partition(p.block_start, p.keys, key_of(qkv, s, b, h, 0), 3 * (size_t)s.C, s.T, s.HS(),
+                              block_size);
+    return p;
+}
+
+// TopkStats.blocks_total by its definition: per searching row i >= k, the blocks
+// holding a key j <= i
+long long expected_blocks_total(const vector<float>& qkv, const Shape& s, int k, int block_size) {
+    long long total = 0;
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.NH; h++) {
+            const Partition p = partition_of(qkv, s, b, h, block_size);
+            for (int i = k; i < s.T; i++)
+                for (int c = 0; c < p.num_blocks(); c++) {
+                    const int* first = p.keys.data() + p.block_start[c];
+                    total += *std::min_element(first, p.keys.data() + p.block_start[c + 1]) <= i;
+                }
+        }
+    }
+    return total;
+}
+
+// brute's score count over searching rows: sum_{i >= k} (i + 1) per (b, h)
+double brute_scores(const Shape& s, int k) {
+    return (double)s.B * s.NH * (double)(s.T - k) * (s.T + k + 1) / 2.0;
+}
+
+// Every row: exactly min(k, i+1) keys, strictly increasing (so distinct), all in
+// 0..i (causal), then -1. Returns the number of bad rows (and prints the first).
+int count_invalid_rows(const vector<int>& idx, const Shape& s, int k) {
+    int bad = 0;
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.NH; h++) {
+            for (int i = 0; i < s.T; i++) {
+                const int* row = idx.data() + cpu::topk_idx_row(b, h, i, s.T, s.NH, k);
+                const int n = std::min(k, i + 1);
+                bool ok = true;
+                for (int slot = 0; slot < k; slot++) {
+                    if (slot < n) {
+                        ok = ok && row[slot] >= 0 && row[slot] <= i && (slot == 0 || row[slot] > row[slot - 1]);
+                    } else {
+                        ok = ok && row[slot] == -1;
+                    }
+                }
+                if (!ok && bad++ == 0) std::printf("  first invalid row: b=%d h=%d i=%d k=%d\n", b, h, i, k);
+            }
+        }
+    }
+    return bad;
+}
+
+// fraction of brute's keys that another index found, over rows with i + 1 > k
+double recall(const vector<int>& found, const vector<int>& exact, const Shape& s, int k) {
+    long long hits = 0, total = 0;
+    for (int b = 0; b < s.B; b++) {
+        for (int h = 0; h < s.NH; h++) {
+            for (int i = k; i < s.T; i++) {
+                const size_t row = cpu::topk_idx_row(b, h, i, s.T, s.NH, k);
+                for (int a = 0; a < k; a++)
+                    hits += std::binary_search(found.begin() + row, found.begin() + row + k, exact[row + a]);
+                total += k;
+            }
+        }
+    }
+    return (double)hits / (double)total;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// the score
+
+TEST(TopkScore, IsWithinFp32RoundingOfTheExactDotProduct) {
+    // sequential accumulation of n products: |error| <= gamma_n sum |q_d k_d|, gamma_n = n u / (1 - n u)
+    std::mt19937 gen(3);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    for (int HS : {1, 7, 32, 64, 100}) {
+        for (int trial = 0; trial < 200; trial++) {
+            vector<float> q(HS), k(HS);
+            for (auto& x : q) x = dist(gen);
+            for (auto& x : k) x = dist(gen);
+            double exact = 0.0, magnitude = 0.0;
+            for (int d = 0; d < HS; d++) {
+                exact += (double)q[d] * k[d];
+                magnitude += std::fabs((double)q[d] * k[d]);
+            }
+            const double u = std::ldexp(1.0, -24), gamma = HS * u / (1.0 - HS * u);
+            ASSERT_LE(std::fabs(cpu::topk_score(q.data(), k.data(), HS) - exact), gamma * magnitude) << "HS=" << HS;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// brute
+
+TEST(TopkBrute, MatchesAFullSortPerRowOnRandomInputs) {
+    const Shape shapes[] = {{2, 37, 24, 3}, {1, 70, 30, 3}, {1, 129, 64, 1}, {2, 5, 8, 2}, {1, 1, 4, 1}, {1, 200, 64, 2}};
+    for (const Shape& s : shapes) {
+        const vector<float> qkv = uniform_qkv(s, 11 + s.T);
+        for (int k : {1, 3, 8, s.T - 1, s.T, s.T + 5}) {
+            if (k < 1) continue;
+            EXPECT_EQ(run_brute(qkv, s, k), reference_topk_fp32(qkv, s, k))
+                << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH << " k=" << k;
+        }
+    }
+}
+
+TEST(TopkBrute, BreaksTiesTowardTheSmallerIndexOnIntegerScores) {
+    // entries in {-1, 0, 1} and HS = 4: scores take 9 values, ties everywhere
+    const Shape s{2, 90, 8, 2};
+    const vector<float> qkv = integer_qkv(s, 5, 1);
+    for (int k : {1, 3, 10}) EXPECT_EQ(run_brute(qkv, s, k), reference_topk_exact(qkv, s, k)) << "k=" << k;
+}
+
+TEST(TopkBrute, DuplicateKeysGoToTheSmallerIndex) {
+    // every key the same vector: each row's scores all tie, so row i >= k holds 0..k-1
+    const Shape s{1, 50, 16, 2};
+    vector<float> qkv = uniform_qkv(s, 8);
+    for (int j = 1; j < s.T; j++)
+        for (int c = 0; c < s.C; c++) qkv[(size_t)j * 3 * s.C + s.C + c] = qkv[s.C + c];
+    const int k = 4;
+    for (const vector<int>& idx : {run_brute(qkv, s, k), run_block(qkv, s, k, 7), run_block(qkv, s, k, 64)}) {
+        for (int h = 0; h < s.NH; h++)
+            for (int i = k; i < s.T; i++)
+                for (int slot = 0; slot < k; slot++)
+                    ASSERT_EQ(idx[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot], slot) << "h=" << h << " i=" << i;
+    }
+}
+
+TEST(TopkAllIndices, RowsWithAtMostKKeysHoldAllKeysThenMinusOne) {
+    const Shape s{2, 12, 16, 2};
+    const vector<float> qkv = uniform_qkv(s, 21);
+    for (int k : {5, 12, 20}) {
+        cpu::LshParams p;
+        for (const vector<int>& idx : {run_brute(qkv, s, k), run_block(qkv, s, k, 4), run_lsh(qkv, s, k, p)}) {
+            for (int b = 0; b < s.B; b++)
+                for (int h = 0; h < s.NH; h++)
+                    for (int i = 0; i < std::min(k, s.T); i++)
+                        for (int slot = 0; slot < k; slot++)
+                            ASSERT_EQ(idx[cpu::topk_idx_row(b, h, i, s.T, s.NH, k) + slot], slot <= i ? slot : -1)
+                                << "k=" << k << " i=" << i << " slot=" << slot;
+            EXPECT_EQ(count_invalid_rows(idx, s, k), 0);
+        }
+    }
+}
+
+TEST(TopkAllIndices, NeverSelectAFutureKey) {
+    // q_i = u and k_j = (j + 1) u: the score grows with j, so the best keys of every
+    // row would be future ones; the causal answer is the last k keys i-k+1..i
+    const Shape s{1, 100, 8, 1};
+    vector<float> qkv(s.qkv_size(), 0.0f);
+    const float u[8] = {0.5f, -0.25f, 0.125f, 1.0f, -0.5f, 0.25f, 0.75f, -1.0f};
+    for (int j = 0; j < s.T; j++)
+        for (int d = 0; d < 8; d++) {
+            query_of(qkv, s, 0, 0, j)[d] = u[d];
+            query_of(qkv, s, 0, 0, j)[s.C + d] = (float)(j + 1) * u[d];
+        }
+    const int k = 6;
+    for (const vector<int>& idx : {run_brute(qkv, s, k), run_block(qkv, s, k, 16), run_block(qkv, s, k, 5)}) {
+        for (int i = k; i < s.T; i++)
+            for (int slot = 0; slot < k; slot++) ASSERT_EQ(idx[(size_t)i * k + slot], i - k + 1 + slot) << "i=" << i;
+    }
+    // lsh is approximate: every key it returns must still be causal
+    for (int bits : {0, 2, 8}) {
+        cpu::LshParams p;
+        p.num_bits = bits;
+        EXPECT_EQ(count_invalid_rows(run_lsh(qkv, s, k, p), s, k), 0) << "bits=" << bits;
+    }
+}
+
+TEST(TopkBrute, CountsTheCausalScoresOfSearchingRows) {
+    const Shape s{2, 75, 16, 2};
+    const vector<float> qkv = uniform_qkv(s, 4);
+    const int k = 10;
+    cpu::TopkStats stats;
+    run_brute(qkv, s, k, &stats);
+    run_brute(qkv, s, k, &stats);  // accumulates
+    long long per_head = 0;
+    for (int i = k; i < s.T; i++) per_head += i + 1;
+    EXPECT_EQ(stats.scores_computed, 2 * s.B * s.NH * per_head);
+}
+
+// ---------------------------------------------------------------------------
+// block
+
+TEST(TopkBlock, EqualsBruteOnUniformRandomData) {
+    const Shape shapes[] = {{1, 300, 32, 2}, {2, 131, 48, 3}, {1, 64, 64, 1}};
+    for (const Shape& s : shapes) {
+        const vector<float> qkv = uniform_qkv(s, 31 + s.T);
+        for (int k : {1, 4, 32}) {
+            const vector<int> exact = run_brute(qkv, s, k);
+            for (int bs : {1, 7, 16, 64, 100, s.T, s.T + 13})
+                EXPECT_EQ(run_block(qkv, s, k, bs), exact) << "T=" << s.T << " k=" << k << " block_size=" << bs;
+        }
+    }
+}
+
+TEST(TopkBlock, EqualsBruteOnClusteredData) {
+    const Shape s{2, 517, 128, 2};  // HS = 64
+    for (int run_max : {0, 200}) {
+        const vector<float> qkv = clustered_qkv(s, 41 + run_max, 6, 40, run_max);
+        for (int k : {8, 32}) {
+            const vector<int> exact = run_brute(qkv, s, k);
+            for (int bs : {13, 64, 96}) EXPECT_EQ(run_block(qkv, s, k, bs), exact) << "runs up to " << run_max
+                                                                                     << " k=" << k << " block_size=" << bs;
+        }
+    }
+}
+
+TEST(TopkBlock, EqualsBruteWhenScoresTie) {
+    const Shape s{1, 160, 12, 3};  // HS = 4, entries in {-1, 0, 1}
+    const vector<float> qkv = integer_qkv(s, 17, 1);
+    for (int k : {1, 5, 16}) {
+        const vector<int> exact = reference_topk_exact(qkv, s, k);
+        EXPECT_EQ(run_brute(qkv, s, k), exact);
+        for (int bs : {3, 8, 50}) EXPECT_EQ(run_block(qkv, s, k, bs), exact) << "k=" << k << " block_size=" << bs;
+    }
+}
+
+TEST(TopkBlock, EqualsBruteWhenScoresDifferOnlyByRounding) {
+    // Keys a few ulps apart (k_j = base (1 + 2^-e noise)) and tiny blocks: block radii
+    // are at the scale of fp32 rounding, so a bound q.c + ||q|| r taken without the
+    // rounding margin falls below scores it should cover (about a quarter of these
+    // cases fail that way); with the margin block must still equal brute.
+    const Shape s{1, 64, 64, 1};
+    std::normal_distribution<float> normal;
+    for (int trial = 0; trial < 400; trial++) {
+        std::mt19937 gen(trial);
+        const int k = 1 + trial % 3, bs = 1 + trial % 4;
+        const float rel = std::ldexp(1.0f, -(18 + trial % 8));
+        vector<float> qkv(s.qkv_size()), base(s.HS());
+        for (auto& x : base) x = normal(gen);
+        for (int j = 0; j < s.T; j++) {
+            float* q = query_of(qkv, s, 0, 0, j);
+            for (int d = 0; d < s.HS(); d++) {
+                q[d] = normal(gen);
+                q[s.C + d] = base[d] * (1.0f + rel * normal(gen));
+            }
+        }
+        ASSERT_EQ(run_block(qkv, s, k, bs), run_brute(qkv, s, k)) << "trial " << trial;
+    }
+}
+
+TEST(TopkBlock, VisitsAClearlySmallerFractionOfBlocksOnClusteredKeys) {
+    const Shape s{1, 2048, 128, 2};  // HS = 64
+    const int k = 32, bs = 64;
+    const vector<float> clustered = clustered_qkv(s, 77, 8, 128, 512);
+    const vector<float> uniform = uniform_qkv(s, 78);
+    cpu::TopkStats on_clusters, on_uniform;
+    EXPECT_EQ(run_block(clustered, s, k, bs, &on_clusters), run_brute(clustered, s, k));
+    run_block(uniform, s, k, bs, &on_uniform);
+    const double fraction = (double)on_clusters.blocks_visited / (double)on_clusters.blocks_total;
+    const double fraction_uniform = (double)on_uniform.blocks_visited / (double)on_uniform.blocks_total;
+    const double score_fraction = (double)on_clusters.scores_computed / brute_scores(s, k);
+    std::printf("  T=%d block_size=%d k=%d: visited %.3f of the blocks on clustered keys (%.3f of brute's scores), "
+                "%.3f on uniform keys\n",
+                s.T, bs, k, fraction, score_fraction, fraction_uniform);
+    RecordProperty("clustered_block_fraction", std::to_string(fraction));
+    // blocks_total counts each searching row's visible blocks
+    EXPECT_EQ(on_clusters.blocks_total, expected_blocks_total(clustered, s, k, bs));
+    EXPECT_EQ(on_uniform.blocks_total, expected_blocks_total(uniform, s, k, bs));
+    EXPECT_LT(fraction, 0.5);
+    EXPECT_LT(fraction, 0.6 * fraction_uniform);
+}
+
+TEST(TopkBlock, EqualsBruteOnInterleavedClusters) {
+    // every position draws its own component, so clusters interleave along the
+    // sequence; block sizes include 1, non-divisors of T, T itself and sizes above T
+    const Shape s{2, 300, 128, 2};  // HS = 64
+    const vector<float> inputs[] = {clustered_qkv(s, 45, 6, 0, 0), sphere_mixture_qkv(s, 46, 8, 3.0f, 0.3f),
+                                    sphere_mixture_qkv(s, 47, 64, 3.0f, 0.3f)};
+    for (int data = 0; data < 3; data++) {
+        for (int k : {1, 8, 32}) {
+            const vector<int> exact = run_brute(inputs[data], s, k);
+            for (int bs : {1, 7, 16, 64, 100, 299, 300, 512})
+                EXPECT_EQ(run_block(inputs[data], s, k, bs), exact) << "data " << data << " k=" << k
+                                                                    << " block_size=" << bs;
+        }
+    }
+    // short sequences: T below block_size, k near T
+    const Shape short_shape{1, 37, 64, 1};
+    const vector<float> short_qkv = clustered_qkv(short_shape, 48, 3, 0, 0);
+    for (int k : {1, 4, 36, 37})
+        for (int bs : {5, 36, 64})
+            EXPECT_EQ(run_block(short_qkv, short_shape, k, bs), run_brute(short_qkv, short_shape, k))
+                << "T=37 k=" << k << " block_size=" << bs;
+}
+
+TEST(TopkBlock, VisitsASmallFractionOfBlocksOnInterleavedClusters) {
+    // 8 well-separated components, one drawn per position. Blocks of consecutive
+    // positions would each hold all 8 and nothing could be pruned; blocks of similar
+    // keys hold one each. Measured: 0.20 of the blocks, 0.14 of brute's scores.
+    const Shape s{1, 2048, 128, 2};  // HS = 64
+    const int k = 32, bs = 64;
+    const vector<float> qkv = clustered_qkv(s, 79, 8, 0, 0);
+    cpu::TopkStats stats;
+    EXPECT_EQ(run_block(qkv, s, k, bs, &stats), run_brute(qkv, s, k));
+    EXPECT_EQ(stats.blocks_total, expected_blocks_total(qkv, s, k, bs));
+    const double fraction = (double)stats.blocks_visited / (double)stats.blocks_total;
+    const double score_fraction = (double)stats.scores_computed / brute_scores(s, k);
+    // for information: the attention benchmark's inputs (64 centres of norm 3, noise
+    // 0.3 per coordinate, queries from independent centres), where the ball bound is weak
+    const vector<float> bench_like = sphere_mixture_qkv(s, 80, 64, 3.0f, 0.3f);
+    cpu::TopkStats bench_stats;
+    EXPECT_EQ(run_block(bench_like, s, k, bs, &bench_stats), run_brute(bench_like, s, k));
+    std::printf("  T=%d block_size=%d k=%d, interleaved clusters: visited %.3f of the blocks (%.3f of brute's "
+                "scores); benchmark-like inputs: %.3f (%.3f)\n",
+                s.T, bs, k, fraction, score_fraction,
+                (double)bench_stats.blocks_visited / (double)bench_stats.blocks_total,
+                (double)bench_stats.scores_computed / brute_scores(s, k));
+    RecordProperty("interleaved_block_fraction", std::to_string(fraction));
+    EXPECT_LT(fraction, 0.4);
+    EXPECT_LT(score_fraction, 0.3);
+}
+
+TEST(TopkBlockPartition, IsAPartitionIntoAscendingBlocksOfAtMostBlockSizeOrderedByFirstKey) {
+    const Shape s{1, 203, 96, 3};  // HS = 32
+    vector<float> duplicates = uniform_qkv(s, 3);
+    for (int j = 1; j < s.T; j++)
+        for (int c = 0; c < s.C; c++) duplicates[(size_t)j * 3 * s.C + s.C + c] = duplicates[s.C + c];
+    const vector<float> inputs[] = {uniform_qkv(s, 2), clustered_qkv(s, 4, 5, 0, 0), duplicates};
+    for (int data = 0; data < 3; data++) {
+        for (int h = 0; h < s.NH; h++) {
+            for (int bs : {1, 2, 7, 16, 64, 202, 203, 500}) {
+                const Partition p = partition_of(inputs[data], s, 0, h, bs);
+                ASSERT_GE(p.num_blocks(), 1);
+                ASSERT_EQ(p.block_start.front(), 0);
+                ASSERT_EQ(p.block_start.back(), s.T);
+                ASSERT_EQ((int)p.keys.size(), s.T);
+                vector<int> seen(s.T, 0);
+                for (int c = 0; c < p.num_blocks(); c++) {
+                    const int n = p.block_start[c + 1] - p.block_start[c];
+                    ASSERT_GE(n, 1) << "block " << c;
+                    ASSERT_LE(n, bs) << "block " << c;
+                    for (int u = p.block_start[c]; u < p.block_start[c + 1]; u++) {
+                        ASSERT_TRUE(p.keys[u] >= 0 && p.keys[u] < s.T);
+                        seen[p.keys[u]]++;
+                        if (u > p.block_start[c]) {
+                            ASSERT_LT(p.keys[u - 1], p.keys[u]) << "block " << c;
+                        }
+                    }
+                    if (c > 0) {
+                        ASSERT_LT(p.keys[p.block_start[c - 1]], p.keys[p.block_start[c]]);
+                    }
+                }
+                for (int j = 0; j < s.T; j++) ASSERT_EQ(seen[j], 1) << "key " << j;
+                // a pure function of the keys
+                const Partition again = partition_of(inputs[data], s, 0, h, bs);
+                EXPECT_EQ(again.block_start, p.block_start);
+                EXPECT_EQ(again.keys, p.keys);
+            }
+        }
+    }
+}
+
+TEST(TopkBlockPartition, GivesEachWellSeparatedInterleavedClusterItsOwnBlocks) {
+    // 8 components with N(0, 1) means (about 11 apart) and noise 0.3 (keys about 2.4
+    // from their mean), one component per position: every block must be pure, and
+    // the blocks must not fragment (their mean size stays near block_size)
+    const Shape s{1, 2048, 128, 2};  // HS = 64
+    vector<int> component_of;
+    const vector<float> qkv = clustered_qkv(s, 83, 8, 0, 0, 0.3f, &component_of);
+    for (int bs : {16, 64, 200}) {
+        for (int h = 0; h < s.NH; h++) {
+            const Partition p = partition_of(qkv, s, 0, h, bs);
+            int mixed = 0;
+            for (int c = 0; c < p.num_blocks(); c++) {
+                const int first = component_of[(size_t)h * s.T + p.keys[p.block_start[c]]];
+                for (int u = p.block_start[c]; u < p.block_start[c + 1]; u++)
+                    if (component_of[(size_t)h * s.T + p.keys[u]] != first) {
+                        mixed++;
+                        break;
+                    }
+            }
+            EXPECT_EQ(mixed, 0) << "h=" << h << " block_size=" << bs;
+            EXPECT_GE((double)s.T / p.num_blocks(), 0.5 * bs) << "h=" << h << " block_size=" << bs;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// lsh
+
+TEST(TopkLsh, ReturnsMinKIPlusOneDistinctCausalKeysPerRow) {
+    const Shape s{2, 150, 48, 3};
+    const vector<float> uniform = uniform_qkv(s, 51);
+    const vector<float> clustered = clustered_qkv(s, 52, 4, 20, 60);
+    for (const vector<float>* qkv : {&uniform, &clustered}) {
+        for (int bits : {1, 6, 12}) {
+            for (int tables : {1, 3}) {
+                for (int k : {1, 5, 40}) {
+                    cpu::LshParams p;
+                    p.num_bits = bits;
+                    p.num_tables = tables;
+                    EXPECT_EQ(count_invalid_rows(run_lsh(*qkv, s, k, p), s, k), 0)
+                        << "bits=" << bits << " tables=" << tables << " k=" << k;
+                }
+            }
+        }
+    }
+}
+
+TEST(TopkLsh, WithOneBucketEqualsBrute) {
+    // num_bits = 0: every key is a candidate, ranked by the same score
+    const Shape s{2, 97, 40, 2};
+    const vector<float> qkv = uniform_qkv(s, 61);
+    cpu::LshParams p;
+    p.num_bits = 0;
+    for (int k : {1, 7, 30}) EXPECT_EQ(run_lsh(qkv, s, k, p), run_brute(qkv, s, k)) << "k=" << k;
+}
+
+TEST(TopkLsh, MatchesItsDefinitionGivenTheHashCodes) {
+    // candidates = causal keys sharing the query's bucket in any table, best k by
+    // (score desc, index asc); too few: the most recent non-candidates fill the row
+    const Shape s{1, 120, 32, 2};
+    const vector<float> qkv = clustered_qkv(s, 71, 5, 10, 30);
+    cpu::LshParams p;
+    p.num_bits = 6;  // many buckets: plenty of rows with too few candidates
+    p.num_tables = 2;
+    p.seed = 99;
+    const int k = 12, HS = s.HS(), M = p.num_bits * p.num_tables;
+    const vector<int> idx = run_lsh(qkv, s, k, p);
+    int rows_filled = 0;
+    for (int h = 0; h < s.NH; h++) {
+        vector<float> planes((size_t)(HS + 1) * M), proj(M);
+        cpu::lsh_hyperplanes(planes.data(), p, s.NH, h, HS);
+        double R2 = 0.0;
+        for (int j = 0; j < s.T; j++) {
+            double n2 = 0.0;
+            for (int d = 0; d < HS; d++) n2 += (double)key_of(qkv, s, 0, h, j)[d] * key_of(qkv, s, 0, h, j)[d];
+            R2 = std::max(R2, n2);
+        }
+        vector<uint32_t> key_code((size_t)s.T * p.num_tables), query_code(p.num_tables);
+        for (int j = 0; j < s.T; j++) {
+            const float* key = key_of(qkv, s, 0, h, j);
+            double n2 = 0.0;
+            for (int d = 0; d < HS; d++) n2 += (double)key[d] * key[d];
+            cpu::lsh_codes(key_code.data() + (size_t)j * p.num_tables, proj.data(), planes.data(), p, key,
+                           (float)std::sqrt(std::max(R2 - n2, 0.0)), HS);
+        }
+        for (int i = k; i < s.T; i++) {
+            const float* q = query_of(qkv, s, 0, h, i);
+            cpu::lsh_codes(query_code.data(), proj.data(), planes.data(), p, q, 0.0f, HS);
+            vector<std::pair<float, int>> candidates;
+            for (int j = 0; j <= i; j++) {
+                bool shares = false;
+                for (int t = 0; t < p.num_tables; t++) shares |= key_code[(size_t)j * p.num_tables + t] == query_code[t];
+                if (shares) candidates.push_back({cpu::topk_score(q, key_of(qkv, s, 0, h, j), HS), j});
+            }
+            std::sort(candidates.begin(), candidates.end(), [](const auto& x, const auto& y) {
+                return x.first > y.first || (x.first == y.first && x.second < y.second);
+            });
+            vector<int> expected;
+            for (size_t c = 0; c < candidates.size() && (int)expected.size() < k; c++) expected.push_back(candidates[c].second);
+            if ((int)expected.size() < k) rows_filled++;
+            for (int j = i; (int)expected.size() < k; j--) {
+                bool candidate = false;
+                for (const auto& c : candidates) candidate |= c.second == j;
+                if (!candidate) expected.push_back(j);
+            }
+            std::sort(expected.begin(), expected.end());
+            const int* row = idx.data() + cpu::topk_idx_row(0, h, i, s.T, s.NH, k);
+            ASSERT_EQ(vector<int>(row, row + k), expected) << "h=" << h << " i=" << i;
+        }
+    }
+    EXPECT_GT(rows_filled, 10);  // the fill path was exercised
+}
+
+TEST(TopkLsh, RecallOnClusteredKeysIsAboveAFloor) {
+    const Shape s{1, 2048, 128, 2};  // HS = 64
+    const int k = 32;
+    const vector<float> qkv = clustered_qkv(s, 81, 8, 128, 512);
+    cpu::LshParams p;  // defaults: 8 bits, 4 tables
+    cpu::TopkStats stats;
+    const vector<int> found = run_lsh(qkv, s, k, p, &stats);
+    EXPECT_EQ(count_invalid_rows(found, s, k), 0);
+    const double r = recall(found, run_brute(qkv, s, k), s, k);
+    const double score_fraction = (double)stats.scores_computed / (2.0 * (double)(s.T - k) * (s.T + k + 1) / 2.0);
+    std::printf("  T=%d k=%d bits=%d tables=%d: recall %.3f, candidates %.3f of brute's scores\n", s.T, k, p.num_bits,
+                p.num_tables, r, score_fraction);
+    RecordProperty("lsh_recall", std::to_string(r));
+    EXPECT_GT(r, 0.3);
+}
+
+TEST(TopkLsh, IsAPureFunctionOfSeedStepAndLayer) {
+    const Shape s{2, 200, 64, 2};
+    const vector<float> qkv = clustered_qkv(s, 91, 4, 20, 80);
+    const int k = 8;
+    cpu::LshParams p;
+    p.seed = 1234;
+    p.step = 7;
+    p.layer = 3;
+    const vector<int> base = run_lsh(qkv, s, k, p);
+    EXPECT_EQ(run_lsh(qkv, s, k, p), base);
+    cpu::LshParams other = p;
+    other.seed = 1235;
+    EXPECT_NE(run_lsh(qkv, s, k, other), base);
+    other = p;
+    other.step = 8;
+    EXPECT_NE(run_lsh(qkv, s, k, other), base);
+    other = p;
+    other.layer = 4;
+    EXPECT_NE(run_lsh(qkv, s, k, other), base);
+}
+
+TEST(TopkLsh, HyperplaneEntriesAreStandardGaussian) {
+    // mean 0 and variance 1 within 5 measured standard errors, over 1000 seeds
+    const int HS = 31, seeds = 1000;
+    cpu::LshParams p;
+    p.num_bits = 4;
+    p.num_tables = 2;
+    const int M = p.num_bits * p.num_tables;
+    vector<float> planes((size_t)(HS + 1) * M);
+    vector<double> x;
+    for (int seed = 0; seed < seeds; seed++) {
+        p.seed = 1000 + seed;
+        cpu::lsh_hyperplanes(planes.data(), p, 4, 1, HS);
+        x.insert(x.end(), planes.begin(), planes.end());
+    }
+    const double n = (double)x.size();
+    double mean = 0.0, m2 = 0.0, m4 = 0.0;
+    for (double v : x) mean += v;
+    mean /= n;
+    for (double v : x) {
+        m2 += (v - mean) * (v - mean);
+        m4 += std::pow(v - mean, 4);
+    }
+    m2 /= n;
+    m4 /= n;
+    EXPECT_LE(std::fabs(mean), 5.0 * std::sqrt(m2 / n));
+    EXPECT_LE(std::fabs(m2 - 1.0), 5.0 * std::sqrt((m4 - m2 * m2) / n));  // se of the sample variance
+}
+
+TEST(TopkLsh, BitsCollideWithProbabilityOneMinusAngleOverPi) {
+    // SimHash: for vectors x, y at angle theta, P(bit(x) == bit(y)) = 1 - theta / pi.
+    // x = (v, 0) as a query and y = (w, pad) as a key: fixed vectors, 1000 seeds x 16 bits.
+    const int HS = 16, seeds = 1000;
+    cpu::LshParams p;
+    p.num_bits = 16;
+    p.num_tables = 1;
+    vector<float> v(HS), w(HS);
+    std::mt19937 gen(5);
+    std::normal_distribution<float> normal;
+    for (int d = 0; d < HS; d++) {
+        v[d] = normal(gen);
+        w[d] = v[d] + 0.8f * normal(gen);
+    }
+    const float pad = 1.5f;
+    double vw = 0.0, vv = 0.0, ww = (double)pad * pad;
+    for (int d = 0; d < HS; d++) {
+        vw += (double)v[d] * w[d];
+        vv += (double)v[d] * v[d];
+        ww += (double)w[d] * w[d];
+    }
+    const double truth = 1.0 - std::acos(vw / std::sqrt(vv * ww)) / 3.141592653589793;
+    vector<float> planes((size_t)(HS + 1) * p.num_bits), proj(p.num_bits);
+    vector<double> per_seed;
+    for (int seed = 0; seed < seeds; seed++) {
+        p.seed = 5000 + seed;
+        cpu::lsh_hyperplanes(planes.data(), p, 1, 0, HS);
+        uint32_t cv, cw;
+        cpu::lsh_codes(&cv, proj.data(), planes.data(), p, v.data(), 0.0f, HS);
+        cpu::lsh_codes(&cw, proj.data(), planes.data(), p, w.data(), pad, HS);
+        per_seed.push_back((double)(p.num_bits - __builtin_popcount(cv ^ cw)) / p.num_bits);
+    }
+    double mean = 0.0, var = 0.0;
+    for (double x : per_seed) mean += x;
+    mean /= seeds;
+    for (double x : per_seed) var += (x - mean) * (x - mean);
+    var /= seeds - 1;
+    std::printf("  collision rate %.4f, 1 - theta/pi = %.4f\n", mean, truth);
+    EXPECT_LE(std::fabs(mean - truth), 5.0 * std::sqrt(var / seeds));
+}
+
+// ---------------------------------------------------------------------------
+// dispatch, statistics, threads
+
+TEST(TopkDispatch, RunsTheNamedIndex) {
+    const Shape s{1, 140, 32, 2};
+    const vector<float> qkv = clustered_qkv(s, 101, 3, 10, 40);
+    const int k = 6;
+    cpu::LshParams p;
+    p.seed = 5;
+    vector<int> idx(s.idx_size(k));
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Brute, p);
+    EXPECT_EQ(idx, run_brute(qkv, s, k));
+    cpu::TopkStats stats;
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Block, p, &stats);
+    EXPECT_EQ(idx, run_block(qkv, s, k, 64));
+    EXPECT_GT(stats.blocks_total, 0);
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Lsh, p);
+    EXPECT_EQ(idx, run_lsh(qkv, s, k, p));
+}
+
+TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
+    const Shape s{2, 260, 64, 4};
+    const vector<float> qkv = clustered_qkv(s, 111, 4, 30, 90);
+    const int k = 9;
+    cpu::LshParams p;
+    const vector<float> interleaved = sphere_mixture_qkv(s, 112, 8, 3.0f, 0.3f);
+    vector<int> results[2][4];
+    cpu::TopkStats stats[2][4];
+    const int saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t == 0 ? 1 : 3);
+        results[t][0] = run_brute(qkv, s, k, &stats[t][0]);
+        results[t][1] = run_block(qkv, s, k, 32, &stats[t][1]);
+        results[t][2] = run_lsh(qkv, s, k, p, &stats[t][2]);
+        results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);
+    }
+    omp_set_num_threads(saved);
+    for (int m = 0; m < 4; m++) {
+        EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
+        EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
+        EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;
+    }
+}
