@@ -1,0 +1,236 @@
+// kernels/cpu/sampled_grad.h — randomised estimators of the gradients of EXACT
+// causal attention, mode `--attn-grad sampled` (ALGORITHMS.md §5; counters §9.3).
+//
+// From §1, with J ~ P_i (row i of the causal softmax), dO given and O = out:
+//   Delta_i = dO_i . O_i
+//   dV      = sum_i E_{J~P_i}[ e_J dO_i^T ]
+//   dQ_i    = tau E_{J~P_i}[ (dO_i . v_J - Delta_i) k_J ]
+//   dK_j    = tau sum_i E_{J~P_i}[ 1{J = j} (dO_i . v_J - Delta_i) q_i ]
+// Row-wise, fixed work (default; §5.1 last bullet, §5.2): for every (b, h, i) draw s
+// samples J_1..J_s ~ P_i and add
+//   dV_{J_t} += dO_i / s
+//   dQ_i     += tau/s sum_t (dO_i . v_{J_t} - Delta_i) k_{J_t}
+//   dK_{J_t} += tau/s (dO_i . v_{J_t} - Delta_i) q_i
+// Each term is unbiased for the exact gradient because Delta_i comes from the given
+// out, not from the samples (§5.2).
+// Signed-start dV (§5.1, "signed start, one pass"), per column c of dO (x = dO[:, c]
+// over the T rows of one (b, h)): N = T s walks, each i ~ |x_i| / ||x||_1, J ~ P_i,
+//   est[J] += sign(x_i) ||x||_1 / N,       E[est] = P^T x.
+// The walks starting at row i use that row's samples J_{i,0}, J_{i,1}, ... in order
+// (the same J_{i,t} the dQ / dK terms use for t < s, and shared by the columns): each
+// column's estimate stays unbiased, only the columns' errors are correlated.
+//
+// Where J ~ P_i comes from (§5.3):
+//   ExactRow    the causal row recomputed, P_ij from fp32 scores with fp64 exp and
+//               cumulative sums, J by inverse CDF (one fp64 uniform per sample)
+//   LazyGumbel  lazy_gumbel_sample on the row's top-k list (gumbel_attention.h), with
+//               the default exceeder cap; exact in law like ExactRow.
+// Draw indices, at site {seed, step, layer*NH + h, b*T + i}:
+//   ExactRow    DRAW_GRADIENT_SAMPLE index m (< 2^27): backward sample m of row i
+//   LazyGumbel  lazy_gumbel_sample number 2m + 1 (odd: the `gumbel` forward uses the
+//               even numbers) for backward sample m of row i
+//   walk starts DRAW_GRADIENT_SAMPLE index 2^27 + c N + n at the site of query 0 of
+//               (b, h) (batch_query = b*T): the start of walk n of column c
+// Every draw is a pure function of (seed, step, layer, head, batch, query, index), so
+// the result is deterministic for a given seed.
+//
+// Shapes: qkv/dqkv (B, T, 3C) as in attention.h; dout, out (B, T, C); topk_idx
+// (B, NH, T, k) top-k lists (ascending, -1 padded; nullptr allowed for ExactRow).
+// Accumulates (+=) into dqkv. Work is per (b, h) in parallel; dK and dV of a head are
+// summed in fp64 in a fixed order by the one thread that owns the head, then added.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/common/philox.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gumbel_attention.h"
+
+namespace knngpt::cpu {
+
+enum class GradSampleSource { ExactRow, LazyGumbel };
+
+// First DRAW_GRADIENT_SAMPLE index of the signed-start walk starts.
+constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;
+
+// Inverse-CDF pick from ascending cumulative weights cdf[0..n): the first l with cdf[l] > u cdf[n-1].
+inline int sampled_grad_pick(const double* cdf, int n, double u) {
+    const int l = (int)(std::upper_bound(cdf, cdf + n, u * cdf[n - 1]) - cdf);
+    return l < n ? l : n - 1;
+}
+
+// Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
+// cdf: scratch of n_i doubles (ExactRow). Returns exceeders and fallbacks in the counters.
+inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source, const float* q_i,
+                                     const float* keys, int stride, int HS, float tau, int n_i, const int* topk,
+                                     int k, const DrawSite& site, double* cdf, long long* exceeders,
+                                     long long* fallbacks) {
+    if (count <= 0) return;
+    if (source == GradSampleSource::ExactRow) {
+        // the causal row: weights exp(s_ij - max) and their running sums, in fp64
+        double row_max = -INFINITY;
+        for (int j = 0; j < n_i; j++) {
+            cdf[j] = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+            row_max = std::max(row_max, cdf[j]);
+        }
+        double running = 0.0;
+        for (int j = 0; j < n_i; j++) {
+            running += std::exp(cdf[j] - row_max);
+            cdf[j] = running;
+        }
+        for (int m = 0; m < count; m++) {
+            Philox4 w = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)m);
+            J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]));
+        }
+    } else {
+        int head = 0;
+        while (head < k && topk[head] >= 0) head++;
+        const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);
+        for (int m = 0; m < count; m++) {
+            int x = 0;
+            bool fell_back = false;
+            J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site, 2u * (uint32_t)m + 1u,
+                                      max_exceeders, &x, &fell_back);
+            *exceeders += x;
+            *fallbacks += fell_back ? 1 : 0;
+        }
+    }
+}
+
+inline void sampled_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                       const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
+                                       GradSampleSource source, bool signed_start_dv, uint64_t seed,
+                                       uint32_t step, int layer, GumbelStats* stats = nullptr) {
+    const int HS = C / NH;
+    const int C3 = 3 * C;
+    const float tau = 1.0f / std::sqrt((float)HS);
+    const int s = samples;
+    const char* where = "kernels/cpu/sampled_grad.h: ";
+    if (s < 1) throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + ", expected >= 1");
+    if (source == GradSampleSource::LazyGumbel && (!topk_idx || k < 1))
+        throw std::invalid_argument(std::string(where) + "topk_idx with k >= 1 expected for the LazyGumbel source");
+    // the most samples one row can need: s, or all N = T s walks of a column
+    const long long walks = (long long)T * s;
+    const long long row_samples_max = signed_start_dv ? std::max<long long>(s, walks) : s;
+    const bool exact_fits = row_samples_max <= (long long)kSampledGradWalkStartIndex &&
+                            (!signed_start_dv || (long long)HS * walks <= (long long)kSampledGradWalkStartIndex);
+    const bool lazy_fits = 2ull * (uint64_t)row_samples_max <= lazy_gumbel_sample_capacity(T);
+    if (!exact_fits || (source == GradSampleSource::LazyGumbel && !lazy_fits))
+        throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + " at T = " +
+                                    std::to_string(T) + " overflows the 28-bit draw index, expected fewer");
+
+    long long total_samples = 0, total_exceeders = 0, total_fallbacks = 0;
+    #pragma omp parallel reduction(+:total_samples, total_exceeders, total_fallbacks)
+    {
+        std::vector<double> dk_head((size_t)T * HS), dv_head((size_t)T * HS), dq_row(HS);  // fp64 sums
+        std::vector<double> cdf(T);
+        std::vector<int> J;
+        std::vector<int> walk_counts;         // (HS, T): walks of column c starting at row i
+        std::vector<double> walk_weight(HS);  // ||x||_1 / N per column
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const AttentionHeadOffsets at = attention_head_offsets(b, h, T, C, HS);
+                const float* keys = qkv + at.k;
+                const float* values = qkv + at.v;
+                const float* d_o = dout + (size_t)b * T * C + (size_t)h * HS;  // row i at i*C
+                const float* o = out + (size_t)b * T * C + (size_t)h * HS;
+                std::fill(dk_head.begin(), dk_head.end(), 0.0);
+                std::fill(dv_head.begin(), dv_head.end(), 0.0);
+
+                // signed-start dV: the walk starts of every column, counted per row
+                if (signed_start_dv) {
+                    walk_counts.assign((size_t)HS * T, 0);
+                    const DrawSite start_site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T)};
+                    for (int c = 0; c < HS; c++) {
+                        double l1 = 0.0;
+                        for (int i = 0; i < T; i++) {
+                            l1 += std::fabs((double)d_o[(size_t)i * C + c]);
+                            cdf[i] = l1;
+                        }
+                        walk_weight[c] = l1 / (double)walks;
+                        if (l1 == 0.0) continue;  // column of zeros: no walks, dV column 0
+                        for (long long n = 0; n < walks; n++) {
+                            Philox4 w = philox_draw(start_site, DRAW_GRADIENT_SAMPLE,
+                                                    kSampledGradWalkStartIndex + (uint32_t)(c * walks + n));
+                            walk_counts[(size_t)c * T + sampled_grad_pick(cdf.data(), T, uniform_open01_f64(w.x[0], w.x[1]))]++;
+                        }
+                    }
+                }
+
+                for (int i = 0; i < T; i++) {
+                    const int n_i = i + 1;
+                    const float* q_i = qkv + at.q + (size_t)i * C3;
+                    const float* d_o_i = d_o + (size_t)i * C;
+                    const float* o_i = o + (size_t)i * C;
+                    const int* topk = topk_idx ? topk_idx + (((size_t)b * NH + h) * T + i) * k : nullptr;
+                    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+                    // samples J_{i,0..count-1}: s for dQ/dK (and dV), more if a column's walks need them
+                    int count = s;
+                    if (signed_start_dv)
+                        for (int c = 0; c < HS; c++) count = std::max(count, walk_counts[(size_t)c * T + i]);
+                    J.resize(count);
+                    sampled_grad_row_samples(J.data(), count, source, q_i, keys, C3, HS, tau, n_i, topk, k, site,
+                                             cdf.data(), &total_exceeders, &total_fallbacks);
+                    total_samples += count;
+
+                    // Delta_i = dO_i . O_i from the given out
+                    double delta = 0.0;
+                    for (int c = 0; c < HS; c++) delta += (double)d_o_i[c] * o_i[c];
+                    // dQ_i and dK_J from the first s samples
+                    std::fill(dq_row.begin(), dq_row.end(), 0.0);
+                    for (int t = 0; t < s; t++) {
+                        const float* k_J = keys + (size_t)J[t] * C3;
+                        const float* v_J = values + (size_t)J[t] * C3;
+                        double dp = 0.0;  // dO_i . v_J
+                        for (int c = 0; c < HS; c++) dp += (double)d_o_i[c] * v_J[c];
+                        const double coef = (double)tau * (dp - delta) / s;
+                        double* dk_J = dk_head.data() + (size_t)J[t] * HS;
+                        for (int c = 0; c < HS; c++) {
+                            dq_row[c] += coef * k_J[c];
+                            dk_J[c] += coef * q_i[c];
+                        }
+                    }
+                    float* dq_i = dqkv + at.q + (size_t)i * C3;
+                    for (int c = 0; c < HS; c++) dq_i[c] += (float)dq_row[c];
+                    // dV: row-wise, or the signed-start walks that began at row i
+                    if (!signed_start_dv) {
+                        for (int t = 0; t < s; t++) {
+                            double* dv_J = dv_head.data() + (size_t)J[t] * HS;
+                            for (int c = 0; c < HS; c++) dv_J[c] += (double)d_o_i[c] / s;
+                        }
+                    } else {
+                        for (int c = 0; c < HS; c++) {
+                            const double x_ic = d_o_i[c];
+                            const double add = x_ic > 0 ? walk_weight[c] : -walk_weight[c];
+                            const int n_walks = walk_counts[(size_t)c * T + i];
+                            for (int m = 0; m < n_walks; m++) dv_head[(size_t)J[m] * HS + c] += add;
+                        }
+                    }
+                }
+                // dK, dV of the head into dqkv
+                for (int j = 0; j < T; j++) {
+                    float* dk_j = dqkv + at.k + (size_t)j * C3;
+                    float* dv_j = dqkv + at.v + (size_t)j * C3;
+                    for (int c = 0; c < HS; c++) {
+                        dk_j[c] += (float)dk_head[(size_t)j * HS + c];
+                        dv_j[c] += (float)dv_head[(size_t)j * HS + c];
+                    }
+                }
+            }
+        }
+    }
+    if (stats) {
+        stats->samples += total_samples;
+        stats->exceeders += total_exceeders;
+        stats->fallbacks += total_fallbacks;
+    }
+}
+
+}  // namespace knngpt::cpu
