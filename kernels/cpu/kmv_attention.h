@@ -1,0 +1,457 @@
+// kernels/cpu/kmv_attention.h — mode kmv: key lists from [P2]'s kernel
+// matrix-vector product under assumption A (ALGORITHMS.md §7): the heavy kernel
+// entries of each row found by LSH and kept exactly, the light remainder
+// estimated by uniform sampling. The lists are in the shared key-list form, so
+// sparse_attention.h computes the forward and the backward (§9.1: the exact
+// gradient of the computed heavy + sampled-light sum, samples held fixed).
+//
+// Kernel (§7.3), per (b, h), in log space (S and exp of large norms are never
+// formed). With s_ij = q_i . k_j / sqrt(D), D = HS, and for row i the causal
+// radius R_i^2 = max_{j <= i} |k_j|^2, pad k'_j = [k_j, sqrt(R_i^2 - |k_j|^2)],
+// q'_i = [q_i, 0]; then |q'_i - k'_j|^2 = |q_i|^2 + R_i^2 - 2 q_i . k_j and
+//   log K_ij = -|q'_i - k'_j|^2 / (2 sqrt(D)) = s_ij - (|q_i|^2 + R_i^2) / (2 sqrt(D))  <= 0,
+// so exp(s_ij) = S_i K_ij with a per-row factor S_i that cancels in the row's
+// softmax. R_i runs over the causal prefix (not all T keys, as §7.3 writes for
+// the full matrix) so that row i depends on keys j <= i only.
+//
+// Heavy threshold (§7.4, our reading K_ij >= n^-alpha, with n the row's
+// causal key count n_i = i + 1, as §1 replaces n row by row):
+//   j in H_i  <=>  j <= i, LSH proposed j for i, and log K_ij >= -alpha log(n_i).
+// Every proposal is checked exactly, so H_i holds only heavy keys; LSH decides
+// which heavy keys are found (recall), never which light keys are let in.
+//
+// FindHeavy by E2LSH (p-stable projections) on the padded vectors: hash
+// function f is h_f(x) = floor((a_f . x + b_f) / w), a_f ~ N(0, I_{D+1}),
+// b_f ~ U[0, w); a table concatenates num_bits functions, and query i's
+// candidates are the keys j <= i sharing its bucket in any of num_tables
+// tables. For a pair at distance r one function collides with probability
+//   p(w / r) = 1 - 2 Phi(-c) - 2 / (sqrt(2 pi) c) (1 - exp(-c^2 / 2)),  c = w / r,
+// a table with p^num_bits. The width w is tied to the bandwidth sigma =
+// D^(1/4) through the heavy radius r_h = sigma sqrt(2 alpha log T) (K = T^-alpha
+// at distance r_h; every row's heavy pairs are at most this far apart): w
+// solves p(w / r_h)^num_bits = 1 / num_tables, so a pair on the heavy boundary
+// is found with probability >= 1 - (1 - 1/L)^L >= 1 - 1/e over L = num_tables
+// tables, and heavier (closer) pairs more often — the "collide with
+// probability ~ n^-alpha per table, n^alpha tables" of §7.4 with the table count
+// given. The padded coordinate depends on R_i, so the key buckets are rebuilt
+// at every row where the prefix maximum of |k_j| grows (O(log T) times for
+// keys in random order; up to T times if key norms only grow).
+//
+// ApproxLight: uniform sampling without replacement over the light keys
+// L_i = {0..i} \ H_i (the "uniform, weight |L_i| / m" option). [P2] samples
+// j with probability K_ij / D_i, which needs a KDE structure for the row mass
+// D_i; uniform sampling needs nothing and is unbiased, at a variance that
+// grows with the spread of the light entries. Row i draws a uniform m-subset
+// of L_i and gives each sample logw = log(|L_i| / m) (inclusion probability
+// m / |L_i|, Horvitz-Thompson), so with heavy slots at logw 0
+//   Z^_i = sum_{j in H_i} e^{s_ij} + (|L_i| / m) sum_{samples} e^{s_ij}
+//   N^_i = the same with e^{s_ij} v_j
+// are unbiased for Z_i and N_i (the heavy part is exact; conditional on H_i
+// the light part is unbiased, hence also over the hash draws). Every row gets
+// the same m: attention normalises each row, so what matters is each row's
+// relative error, not [P2]'s l2 error over rows that motivates its budgets
+// r_i ~ D_i.
+//
+// Lists: idx and logw (B, NH, T, K), K = max_keys, m = min(light_samples, K).
+//   n_i = i + 1 <= K: keys 0..i in slots [0, n_i) with logw 0, -1 after (exact).
+//   n_i > K: slots [0, |H_i|) the heavy keys in ascending order with logw 0;
+//            if more than K - m keys are heavy, the K - m with the largest
+//            kernel values (ties: smaller j) stay, the rest are light;
+//            then m light samples in ascending order with logw log(|L_i| / m)
+//            (> 0, since |L_i| >= n_i - (K - m) > m); -1 and logw 0 after.
+//   With m = 0 the light part is dropped (the row is heavy keys only, biased).
+//
+// Draws (Philox, kernels/common/philox.h). Head h of batch b: hash functions at
+// query 0's site {seed, step, layer * NH + h, b * T}, purpose DRAW_HASH, draw
+// index f * (D + 2) + c: c < D + 1 gives coordinate c of a_f (Box-Muller from the
+// four words, cosine branch), c = D + 1 gives b_f = w u (words 0, 1). Query i:
+// site {seed, step, layer * NH + h, b * T + i}, purpose DRAW_LIGHT_SAMPLE,
+// draw index t = 0..m-1, word 0: Floyd's algorithm — top = |L_i| - m + t,
+// u = uniform_below(word, top + 1), add u, or top if u is already chosen —
+// gives a uniform m-subset of positions in [0, |L_i|) (bias of uniform_below
+// at most |L_i| / 2^32). Position p maps to the p-th light key by skipping
+// the sorted H_i.
+//
+// measure_assumption_a (§7.7): on the causal kernel matrix of one (b, h), with
+// R^2 = max over all T keys (the §7.3 matrix; masked entries 0), the top-n
+// entries with n = T: c^ = (sum_all - sum_top_n) / sum_top_n; and the same on the
+// raw A_ij = exp(s_ij). Sums are taken relative to the largest entry, in double.
+//
+// Work per (b, h): hashing O(T L num_bits D) plus O(L T log T) per rebuild;
+// per row O(candidates D + m (Philox + log m)); no T x T buffer.
+// measure_assumption_a is O(T^2 D) with a T (T + 1) / 2 buffer (a diagnostic).
+// OpenMP over (b, h); all draws are pure functions of the site, so the lists do
+// not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "kernels/common/philox.h"
+#include "kernels/cpu/attention.h"
+
+namespace knngpt::cpu {
+
+struct KmvParams {
+    int num_tables = 8;      // LSH tables (L)
+    int num_bits = 6;        // hash functions concatenated per table
+    int light_samples = 16;  // m, light samples per estimated row
+    float heavy_alpha = 1.0f / 3;  // heavy threshold K_ij >= n_i^-alpha
+    uint64_t seed = 1;
+    uint32_t step = 0;
+    int layer = 0;
+};
+
+// Counts over the rows with n_i > max_keys (exact rows are not counted).
+struct KmvStats {
+    long long heavy = 0;          // heavy keys kept in the lists
+    long long light_samples = 0;  // light samples placed
+    long long rows = 0;           // rows estimated (heavy + light)
+    long long candidates = 0;     // distinct causal LSH candidates checked exactly
+};
+
+// ĉ of assumption A on the kernel matrix (§7.3) and on the raw attention A (§7.7).
+struct AssumptionA {
+    double c_kernel, c_raw;
+};
+
+inline void kmv_check(bool ok, const char* what) {
+    if (!ok) {
+        std::fprintf(stderr, "kernels/cpu/kmv_attention.h: %s\n", what);
+        std::abort();
+    }
+}
+
+// p(c): collision probability of one E2LSH function with Gaussian projections
+// for a pair at distance r, c = w / r (Datar et al. 2004).
+inline double kmv_e2lsh_collision_probability(double c) {
+    if (c <= 0.0) return 0.0;
+    const double pi = 3.14159265358979323846;
+    const double tail = 0.5 * std::erfc(c / std::sqrt(2.0));  // Phi(-c)
+    return 1.0 - 2.0 * tail - 2.0 / (std::sqrt(2.0 * pi) * c) * (1.0 - std::exp(-0.5 * c * c));
+}
+
+// The bucket width w for head size HS and sequence length T: a pair at the
+// heavy radius r_h = D^(1/4) sqrt(2 alpha log T) collides in one table with
+// probability 1 / num_tables (per function p* = num_tables^(-1/num_bits),
+// clamped to [0.05, 0.95]; r_h at least D^(1/4) / sqrt(2)).
+inline double kmv_bucket_width(int HS, int T, const KmvParams& p) {
+    const double sigma = std::pow((double)HS, 0.25);
+    const double alpha_log_n = (double)p.heavy_alpha * std::log((double)(T > 2 ? T : 2));
+    const double heavy_radius = sigma * std::sqrt(2.0 * std::max(alpha_log_n, 0.25));
+    double target = std::pow((double)p.num_tables, -1.0 / p.num_bits);
+    target = std::min(std::max(target, 0.05), 0.95);
+    // p(c) increases from 0 to 1: bisect for p(c) = target
+    double lo = 1e-3, hi = 1e3;
+    for (int it = 0; it < 200; it++) {
+        const double mid = 0.5 * (lo + hi);
+        if (kmv_e2lsh_collision_probability(mid) < target) lo = mid; else hi = mid;
+    }
+    return 0.5 * (lo + hi) * heavy_radius;
+}
+
+// The num_tables * num_bits hash functions of one head, on padded vectors in R^{HS+1}.
+struct KmvHashFamily {
+    int dim = 0;  // HS + 1
+    int num_tables = 0, num_bits = 0;
+    double width = 0.0;
+    std::vector<double> direction;  // (num_tables * num_bits, dim), a_f
+    std::vector<double> offset;     // (num_tables * num_bits), b_f in [0, width)
+};
+
+inline KmvHashFamily kmv_draw_hash_family(const DrawSite& site, int HS, int T, const KmvParams& p) {
+    KmvHashFamily family;
+    family.dim = HS + 1;
+    family.num_tables = p.num_tables;
+    family.num_bits = p.num_bits;
+    family.width = kmv_bucket_width(HS, T, p);
+    const int num_functions = p.num_tables * p.num_bits;
+    family.direction.resize((size_t)num_functions * family.dim);
+    family.offset.resize(num_functions);
+    const double two_pi = 6.28318530717958647692;
+    for (int f = 0; f < num_functions; f++) {
+        const uint32_t base = (uint32_t)f * (uint32_t)(family.dim + 1);
+        for (int c = 0; c < family.dim; c++) {
+            const Philox4 d = philox_draw(site, DRAW_HASH, base + (uint32_t)c);
+            const double u1 = uniform_open01_f64(d.x[0], d.x[1]), u2 = uniform_open01_f64(d.x[2], d.x[3]);
+            family.direction[(size_t)f * family.dim + c] = std::sqrt(-2.0 * std::log(u1)) * std::cos(two_pi * u2);
+        }
+        const Philox4 d = philox_draw(site, DRAW_HASH, base + (uint32_t)family.dim);
+        family.offset[f] = family.width * uniform_open01_f64(d.x[0], d.x[1]);
+    }
+    return family;
+}
+
+// One table's bucket id from its num_bits hash values (a 64-bit mix; two
+// different tuples sharing an id only add candidates, which are checked exactly).
+inline uint64_t kmv_bucket_id(const double* projections, const double* offsets, int num_bits, double width) {
+    uint64_t id = 0x243F6A8885A308D3ull;
+    for (int bit = 0; bit < num_bits; bit++) {
+        const int64_t cell = (int64_t)std::floor((projections[bit] + offsets[bit]) / width);
+        id ^= (uint64_t)cell + 0x9E3779B97F4A7C15ull + (id << 6) + (id >> 2);
+        id *= 0xBF58476D1CE4E5B9ull;
+        id ^= id >> 31;
+    }
+    return id;
+}
+
+inline double kmv_dot(const float* a, const float* b, int n) {
+    double sum = 0.0;
+    for (int c = 0; c < n; c++) sum += (double)a[c] * (double)b[c];
+    return sum;
+}
+
+// FindHeavy's candidate stage for one head. q and k point at row 0 of the
+// head's query and key channels, rows `stride` floats apart. key_norm2[j] =
+// |k_j|^2 and prefix_radius2[i] = R_i^2. For each query i in [first_row, T)
+// calls visit(i, candidates): the distinct keys j <= i that share a bucket with
+// q'_i in some table (in table order, then ascending j). Returns nothing; the
+// visitor does the exact check.
+template <class Visit>
+inline void kmv_lsh_candidates(const float* q, const float* k, int stride, int T, int HS,
+                               const double* key_norm2, const double* prefix_radius2,
+                               const KmvHashFamily& family, int first_row, Visit&& visit) {
+    if (first_row >= T) return;
+    const int L = family.num_tables, nb = family.num_bits, F = L * nb, dim = family.dim;
+    // projections of the unpadded parts: a_f[:HS] . k_j for every key, a_f[:HS] . q_i for queried rows
+    std::vector<double> key_proj((size_t)T * F), query_proj((size_t)T * F);
+    for (int j = 0; j < T; j++) {
+        for (int f = 0; f < F; f++) {
+            const double* a = family.direction.data() + (size_t)f * dim;
+            double kp = 0.0, qp = 0.0;
+            for (int c = 0; c < HS; c++) kp += a[c] * (double)k[(size_t)j * stride + c];
+            key_proj[(size_t)j * F + f] = kp;
+            if (j >= first_row) {
+                for (int c = 0; c < HS; c++) qp += a[c] * (double)q[(size_t)j * stride + c];
+                query_proj[(size_t)j * F + f] = qp;
+            }
+        }
+    }
+    std::vector<double> padded(F);
+    std::vector<std::vector<std::pair<uint64_t, int>>> tables(L);  // (bucket id, key), sorted
+    std::vector<int> seen_by(T, -1);  // seen_by[j] = the last query that listed j
+    std::vector<int> candidates;
+    candidates.reserve(T);
+    // segments [s, e) of rows sharing R_i: the padded keys are rebuilt per segment
+    for (int s = 0; s < T;) {
+        int e = s + 1;
+        while (e < T && prefix_radius2[e] == prefix_radius2[s]) e++;
+        if (e <= first_row) { s = e; continue; }
+        const double radius2 = prefix_radius2[s];
+        // keys 0..e-1 (all that rows of this segment can see), padded with sqrt(R^2 - |k_j|^2)
+        for (int t = 0; t < L; t++) tables[t].clear();
+        for (int j = 0; j < e; j++) {
+            const double pad = std::sqrt(std::max(radius2 - key_norm2[j], 0.0));
+            for (int f = 0; f < F; f++)
+                padded[f] = key_proj[(size_t)j * F + f] + family.direction[(size_t)f * dim + HS] * pad;
+            for (int t = 0; t < L; t++)
+                tables[t].emplace_back(kmv_bucket_id(padded.data() + (size_t)t * nb,
+                                                     family.offset.data() + (size_t)t * nb, nb, family.width), j);
+        }
+        for (int t = 0; t < L; t++) std::sort(tables[t].begin(), tables[t].end());
+        // queries of the segment: q' = [q, 0], so the padded coordinate adds nothing
+        for (int i = std::max(s, first_row); i < e; i++) {
+            candidates.clear();
+            for (int t = 0; t < L; t++) {
+                const uint64_t id = kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
+                                                  family.offset.data() + (size_t)t * nb, nb, family.width);
+                auto it = std::lower_bound(tables[t].begin(), tables[t].end(), std::make_pair(id, 0));
+                for (; it != tables[t].end() && it->first == id && it->second <= i; ++it) {
+                    if (seen_by[it->second] == i) continue;
+                    seen_by[it->second] = i;
+                    candidates.push_back(it->second);
+                }
+            }
+            visit(i, candidates);
+        }
+        s = e;
+    }
+}
+
+// The m light keys of one row: a uniform m-subset of L = {0..i} \ heavy by
+// Floyd's algorithm (m < light_count), written ascending to `keys`. `heavy`
+// is sorted ascending; `chosen` is scratch of capacity m.
+inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, const DrawSite& site, int m, uint32_t light_count,
+                                  const int* heavy, int num_heavy) {
+    int count = 0;
+    for (int t = 0; t < m; t++) {
+        const uint32_t top = light_count - (uint32_t)m + (uint32_t)t;
+        const uint32_t u = uniform_below(philox_draw(site, DRAW_LIGHT_SAMPLE, (uint32_t)t).x[0], top + 1);
+        uint32_t* slot = std::lower_bound(chosen, chosen + count, u);
+        if (slot != chosen + count && *slot == u) {
+            chosen[count++] = top;  // top exceeds every earlier member: stays sorted
+        } else {
+            std::copy_backward(slot, chosen + count, chosen + count + 1);
+            *slot = u;
+            count++;
+        }
+    }
+    // position p -> the p-th light key: skip heavy keys r with heavy[r] <= p + r
+    int r = 0;
+    for (int t = 0; t < m; t++) {
+        const int p = (int)chosen[t];
+        while (r < num_heavy && heavy[r] <= p + r) r++;
+        keys[t] = p + r;
+    }
+}
+
+inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int T, int C, int NH, int max_keys,
+                            const KmvParams& p, KmvStats* stats = nullptr) {
+    kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
+    kmv_check(max_keys >= 1, "max_keys must be >= 1");
+    kmv_check(p.num_tables >= 1 && p.num_bits >= 1, "num_tables and num_bits must be >= 1");
+    kmv_check(p.light_samples >= 0, "light_samples must be >= 0");
+    kmv_check(T <= (1 << 28) && (long long)p.num_tables * p.num_bits * (C / NH + 2) < (1ll << 28),
+              "num_tables * num_bits * (HS + 2) must stay below 2^28 Philox draws");
+    const int HS = C / NH;
+    const int C3 = 3 * C;
+    const int K = max_keys;
+    const int m = std::min(p.light_samples, K);
+    const int heavy_budget = K - m;
+    const double sqrt_d = std::sqrt((double)HS);
+    const double tau = 1.0 / sqrt_d;
+    long long total_heavy = 0, total_light = 0, total_rows = 0, total_candidates = 0;
+    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates)
+    {
+        std::vector<double> key_norm2(T), query_norm2(T), prefix_radius2(T);
+        std::vector<std::pair<double, int>> heavy;  // (log K_ij, j)
+        std::vector<int> heavy_keys(K), light_keys(K);
+        std::vector<uint32_t> chosen(K);
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const AttentionHeadOffsets at = attention_head_offsets(b, h, T, C, HS);
+                const float* q = qkv + at.q;
+                const float* k = qkv + at.k;
+                int* idx_bh = idx + ((size_t)b * NH + h) * T * K;
+                float* logw_bh = logw + ((size_t)b * NH + h) * T * K;
+                const uint32_t layer_head = (uint32_t)(p.layer * NH + h);
+
+                // rows whose causal prefix fits the list: all keys, exact
+                for (int i = 0; i < T && i < K; i++) {
+                    for (int t = 0; t < K; t++) {
+                        idx_bh[(size_t)i * K + t] = t <= i ? t : -1;
+                        logw_bh[(size_t)i * K + t] = 0.0f;
+                    }
+                }
+                if (T <= K) continue;
+
+                // norms and the causal radius R_i^2 = max_{j <= i} |k_j|^2
+                double radius2 = 0.0;
+                for (int j = 0; j < T; j++) {
+                    key_norm2[j] = kmv_dot(k + (size_t)j * C3, k + (size_t)j * C3, HS);
+                    query_norm2[j] = kmv_dot(q + (size_t)j * C3, q + (size_t)j * C3, HS);
+                    radius2 = std::max(radius2, key_norm2[j]);
+                    prefix_radius2[j] = radius2;
+                }
+                const DrawSite hash_site{p.seed, p.step, layer_head, (uint32_t)(b * T)};
+                const KmvHashFamily family = kmv_draw_hash_family(hash_site, HS, T, p);
+
+                auto estimate_row = [&](int i, const std::vector<int>& candidates) {
+                    total_rows++;
+                    total_candidates += (long long)candidates.size();
+                    // exact check: log K_ij >= -alpha log(n_i)
+                    const double log_threshold = -(double)p.heavy_alpha * std::log((double)(i + 1));
+                    const double row_offset = (query_norm2[i] + prefix_radius2[i]) / (2.0 * sqrt_d);
+                    const float* q_i = q + (size_t)i * C3;
+                    heavy.clear();
+                    for (int j : candidates) {
+                        const double log_kernel = tau * kmv_dot(q_i, k + (size_t)j * C3, HS) - row_offset;
+                        if (log_kernel >= log_threshold) heavy.emplace_back(log_kernel, j);
+                    }
+                    // over budget: keep the largest kernel values (ties: smaller j)
+                    if ((int)heavy.size() > heavy_budget) {
+                        std::partial_sort(heavy.begin(), heavy.begin() + heavy_budget, heavy.end(),
+                                          [](const std::pair<double, int>& x, const std::pair<double, int>& y) {
+                                              return x.first != y.first ? x.first > y.first : x.second < y.second;
+                                          });
+                        heavy.resize(heavy_budget);
+                    }
+                    const int num_heavy = (int)heavy.size();
+                    for (int r = 0; r < num_heavy; r++) heavy_keys[r] = heavy[r].second;
+                    std::sort(heavy_keys.begin(), heavy_keys.begin() + num_heavy);
+
+                    int* idx_row = idx_bh + (size_t)i * K;
+                    float* logw_row = logw_bh + (size_t)i * K;
+                    for (int r = 0; r < num_heavy; r++) {
+                        idx_row[r] = heavy_keys[r];
+                        logw_row[r] = 0.0f;
+                    }
+                    const uint32_t light_count = (uint32_t)(i + 1 - num_heavy);  // > m
+                    if (m > 0) {
+                        const DrawSite row_site{p.seed, p.step, layer_head, (uint32_t)(b * T + i)};
+                        kmv_sample_light_keys(light_keys.data(), chosen.data(), row_site, m, light_count,
+                                              heavy_keys.data(), num_heavy);
+                        const float light_logw = (float)std::log((double)light_count / (double)m);
+                        for (int t = 0; t < m; t++) {
+                            idx_row[num_heavy + t] = light_keys[t];
+                            logw_row[num_heavy + t] = light_logw;
+                        }
+                    }
+                    for (int t = num_heavy + m; t < K; t++) {
+                        idx_row[t] = -1;
+                        logw_row[t] = 0.0f;
+                    }
+                    total_heavy += num_heavy;
+                    total_light += m;
+                };
+                kmv_lsh_candidates(q, k, C3, T, HS, key_norm2.data(), prefix_radius2.data(), family, K,
+                                   estimate_row);
+            }
+        }
+    }
+    if (stats) {
+        stats->heavy += total_heavy;
+        stats->light_samples += total_light;
+        stats->rows += total_rows;
+        stats->candidates += total_candidates;
+    }
+}
+
+// (sum of all but the n largest) / (sum of the n largest) of exp(log_values),
+// relative to the largest value. Reorders log_values.
+inline double kmv_tail_to_top_ratio(std::vector<double>& log_values, size_t n) {
+    if (log_values.empty() || n == 0) return 0.0;
+    if (n > log_values.size()) n = log_values.size();
+    std::nth_element(log_values.begin(), log_values.begin() + (n - 1), log_values.end(), std::greater<double>());
+    const double largest = *std::max_element(log_values.begin(), log_values.begin() + n);
+    double top = 0.0, rest = 0.0;
+    for (size_t e = 0; e < n; e++) top += std::exp(log_values[e] - largest);
+    for (size_t e = n; e < log_values.size(); e++) rest += std::exp(log_values[e] - largest);
+    return rest / top;
+}
+
+inline AssumptionA measure_assumption_a(const float* qkv, int b, int h, int T, int C, int NH) {
+    kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
+    const int HS = C / NH;
+    const int C3 = 3 * C;
+    const double sqrt_d = std::sqrt((double)HS);
+    const double tau = 1.0 / sqrt_d;
+    const AttentionHeadOffsets at = attention_head_offsets(b, h, T, C, HS);
+    const float* q = qkv + at.q;
+    const float* k = qkv + at.k;
+    double radius2 = 0.0;  // R^2 = max_j |k_j|^2 over all T keys (§7.3)
+    for (int j = 0; j < T; j++) radius2 = std::max(radius2, kmv_dot(k + (size_t)j * C3, k + (size_t)j * C3, HS));
+    std::vector<double> log_kernel, log_raw;
+    log_kernel.reserve((size_t)T * (T + 1) / 2);
+    log_raw.reserve((size_t)T * (T + 1) / 2);
+    for (int i = 0; i < T; i++) {
+        const float* q_i = q + (size_t)i * C3;
+        const double row_offset = (kmv_dot(q_i, q_i, HS) + radius2) / (2.0 * sqrt_d);
+        for (int j = 0; j <= i; j++) {
+            const double s = tau * kmv_dot(q_i, k + (size_t)j * C3, HS);
+            log_raw.push_back(s);
+            log_kernel.push_back(s - row_offset);
+        }
+    }
+    return {kmv_tail_to_top_ratio(log_kernel, (size_t)T), kmv_tail_to_top_ratio(log_raw, (size_t)T)};
+}
+
+}  // namespace knngpt::cpu
