@@ -21,7 +21,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp)
 TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: all help test bench clean reference
+.PHONY: all help test bench bench-train bench-attention clean reference
 
 all: train_gpt_cpu prepare_data
 
@@ -31,7 +31,9 @@ help:
 	@echo "  make prepare_data    text file -> llm.c token shards"
 	@echo "  make test           build and run every test (GoogleTest)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
-	@echo "  make bench          training-step benchmarks: ms/step, tok/s, ratio to plain-loop matmuls"
+	@echo "  make bench          both benchmarks below"
+	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
+	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS"
 
@@ -41,7 +43,7 @@ train_gpt_cpu: train/train_gpt.cpp $(HEADERS)
 prepare_data: data/prepare_data.cpp $(HEADERS)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.cpp $(HEADERS) tests/test_util.h
+$(BUILD)/tests/%: tests/%.cpp $(HEADERS) tests/test_util.h tests/attention_test_util.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
 
@@ -62,8 +64,17 @@ $(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -DKNNGPT_MATMUL_LOOPS -o $@ $< $(LDLIBS)
 
-bench: train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops
+$(BUILD)/bench_attention: tools/bench_attention.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+
+bench: bench-train bench-attention
+
+bench-train: train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops
 	bash tools/bench_train.sh
+
+bench-attention: $(BUILD)/bench_attention
+	$(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu prepare_data

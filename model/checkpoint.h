@@ -12,7 +12,10 @@
 //           [6] 1 if the AdamW moments follow, [10] step (optimizer steps done),
 //           [20..21] u64 RNG state, [30..31] u64 data epoch,
 //           [32..33] u64 data shard position, [34..35] u64 data batch position,
-//           [40..41] u64 parameter count
+//           [40..41] u64 parameter count,
+//           [50..59] the attention settings (mode, k, tail, index, grad,
+//           grad samples, grad source, signed dV, gumbel groups, gumbel
+//           samples), [60..61] u64 attention seed
 //   then AdamW m and v, each parameter-count fp32.
 //
 // Every file is written to "<path>.tmp" and renamed into place, so a crash
@@ -163,6 +166,7 @@ struct TrainState {
     bool shuffle = false;
     uint64_t rng_state = 0;       // the trainer's sampling RNG
     uint64_t data_epoch = 0, data_shard_pos = 0, data_batch_pos = 0;
+    AttnConfig attn;              // the attention the run trained with
     std::vector<float> m, v;      // AdamW moments, parameter count each
 };
 
@@ -189,6 +193,11 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
     put_u64(header, 32, s.data_shard_pos);
     put_u64(header, 34, s.data_batch_pos);
     put_u64(header, 40, s.m.size());
+    const AttnConfig& a = s.attn;
+    const int attn_fields[10] = {(int)a.mode, a.k, a.tail, (int)a.index, (int)a.grad, a.grad_samples,
+                                 (int)a.grad_source, a.grad_signed_dv ? 1 : 0, a.gumbel_groups, a.gumbel_samples};
+    std::memcpy(header + 50, attn_fields, sizeof(attn_fields));
+    put_u64(header, 60, a.seed);
     write_atomically(path, [&](FILE* f) {
         return fwrite(header, sizeof(header), 1, f) == 1 &&
                fwrite(s.m.data(), sizeof(float), s.m.size(), f) == s.m.size() &&
@@ -217,6 +226,22 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     s.data_epoch = get_u64(header, 30);
     s.data_shard_pos = get_u64(header, 32);
     s.data_batch_pos = get_u64(header, 34);
+    AttnConfig& a = s.attn;
+    a.mode = (AttnMode)header[50];
+    a.k = header[51];
+    a.tail = header[52];
+    a.index = (ops::TopkIndex)header[53];
+    a.grad = (AttnGrad)header[54];
+    a.grad_samples = header[55];
+    a.grad_source = (AttnGradSource)header[56];
+    a.grad_signed_dv = header[57] != 0;
+    a.gumbel_groups = header[58];
+    a.gumbel_samples = header[59];
+    a.seed = get_u64(header, 60);
+    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Lsh ||
+        header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
+        header[56] > (int)AttnGradSource::LazyGumbel)
+        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..59)");
     uint64_t n = get_u64(header, 40);
     if (n != num_parameters)
         throw std::runtime_error(path + ": holds optimizer state for " + std::to_string(n) + " parameters, the model has " +

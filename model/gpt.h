@@ -234,6 +234,12 @@ struct GPT {
     size_t num_grad_acts = 0;
     ActivationTensors acts{};
     ActivationGrads grad_acts{};
+    // attention modes that select keys keep their lists per layer: (L, B, NH, T, K)
+    int* attn_idx_memory = nullptr;
+    float* attn_logw_memory = nullptr;
+    int attn_list_capacity = 0;       // K the lists are allocated for
+    int* attn_topk_scratch = nullptr;  // (B, NH, T, k)
+    int attn_topk_capacity = 0;       // k the scratch is allocated for
     int* inputs = nullptr;   // (B, T) device
     int* targets = nullptr;  // (B, T) device
     int cur_B = 0, cur_T = 0;       // shape of the last forward
@@ -246,10 +252,47 @@ struct GPT {
     GPT& operator=(const GPT&) = delete;
     ~GPT() {
         for (void* p : {(void*)params_memory, (void*)grads_memory, (void*)m_memory, (void*)v_memory,
-                        (void*)acts_memory, (void*)grad_acts_memory, (void*)inputs, (void*)targets})
+                        (void*)acts_memory, (void*)grad_acts_memory, (void*)inputs, (void*)targets,
+                        (void*)attn_idx_memory, (void*)attn_logw_memory, (void*)attn_topk_scratch})
             if (p) ops::device_free(p);
     }
 };
+
+// Sets the attention configuration, growing the per-layer key lists and the
+// top-k scratch when the mode needs more than is allocated. Throws one line on
+// an invalid configuration.
+inline void gpt_set_attention(GPT& model, const AttnConfig& attn) {
+    validate_attn_config(attn);
+    const size_t rows = (size_t)model.B * model.config.num_heads * model.T;  // (B, NH, T) per layer
+    const int K = attn.list_size();
+    if (K > model.attn_list_capacity) {
+        if (model.attn_idx_memory) ops::device_free(model.attn_idx_memory);
+        if (model.attn_logw_memory) ops::device_free(model.attn_logw_memory);
+        size_t n = (size_t)model.config.num_layers * rows * K;
+        model.attn_idx_memory = ops::device_alloc<int>(n);
+        model.attn_logw_memory = ops::device_alloc<float>(n);
+        model.attn_list_capacity = K;
+    }
+    if (attn.mode != AttnMode::Exact || attn.grad == AttnGrad::Sampled) {
+        if (attn.k > model.attn_topk_capacity) {
+            if (model.attn_topk_scratch) ops::device_free(model.attn_topk_scratch);
+            model.attn_topk_scratch = ops::device_alloc<int>(rows * attn.k);
+            model.attn_topk_capacity = attn.k;
+        }
+    }
+    model.attn = attn;
+}
+
+// Layer l's slice of the key lists (strided by the allocated batch).
+inline AttnLayerState attn_layer_state(const GPT& model, int l) {
+    AttnLayerState st;
+    st.K = model.attn.list_size();
+    if (st.K == 0) return st;
+    size_t per_layer = (size_t)model.B * model.config.num_heads * model.T * model.attn_list_capacity;
+    st.idx = model.attn_idx_memory + l * per_layer;
+    st.logw = model.attn_logw_memory + l * per_layer;
+    return st;
+}
 
 // Builds the model from host parameters (llm.c order) and allocates
 // activations for batches up to (B, T).
@@ -296,6 +339,7 @@ inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<flo
     model.inputs = ops::device_alloc<int>(BT);
     model.targets = ops::device_alloc<int>(BT);
     model.host_losses.assign(BT, 0.0f);
+    gpt_set_attention(model, model.attn);
 }
 
 // Copies the parameters back to the host (llm.c order).
@@ -339,7 +383,8 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
         LayerActivations la = layer_activations(a, l, BTa, C, NH);
         ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C);
         ops::matmul_forward(la.qkv, la.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, N, C, 3 * C);
-        attention_forward(model.attn, la.atty, la.att_lse, la.qkv, B, T, C, NH);
+        attention_forward(model.attn, attn_layer_state(model, l), AttnScratch{model.attn_topk_scratch}, la.atty,
+                          la.att_lse, la.qkv, B, T, C, NH, l);
         ops::matmul_forward(la.attproj, la.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, N, C, C);
         ops::residual_forward(la.residual2, residual, la.attproj, (size_t)N * C);
         ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);
@@ -426,7 +471,8 @@ inline void gpt_backward(GPT& model, float dloss) {
         ops::matmul_backward(ga.atty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, dattproj, la.atty,
                              p.attprojw + (size_t)l * C * C, N, C, C);
         ops::device_zero(ga.qkv, (size_t)N * 3 * C * sizeof(float));
-        attention_backward(model.attn, ga.qkv, ga.atty, la.qkv, la.atty, la.att_lse, B, T, C, NH);
+        attention_backward(model.attn, attn_layer_state(model, l), AttnScratch{model.attn_topk_scratch}, ga.qkv,
+                           ga.atty, la.qkv, la.atty, la.att_lse, B, T, C, NH, l);
         ops::device_zero(ga.ln, (size_t)N * C * sizeof(float));
         ops::matmul_backward(ga.ln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, ga.qkv, la.ln1,
                              p.qkvw + (size_t)l * 3 * C * C, N, C, 3 * C);

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -220,9 +221,116 @@ TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
     for (const char* flag : {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-l", "-u", "-k", "-q", "-c", "-x", "-a",
                              "-v", "-m", "-s", "-g", "-n", "-y", "-h", "--shuffle", "--layers", "--heads",
                              "--channels", "--max-seq-len", "--vocab", "--seed", "--attn", "--beta1", "--beta2",
-                             "--eps", "--grad-clip", "--tokenizer"}) {
+                             "--eps", "--grad-clip", "--tokenizer", "--attn-k", "--attn-tail", "--attn-index",
+                             "--attn-grad", "--attn-grad-samples", "--attn-grad-source", "--attn-grad-dv",
+                             "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-seed", "--attn-eval"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
         EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README.md";
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Attention modes in the trainer
+
+// knn with k >= T selects every causal key: the same training as exact.
+TEST_F(Trainer, KnnWithKAtLeastTTrainsLikeExactFor20Steps) {
+    RunResult exact = run(base() + " -x 20 --attn exact", tmp);
+    RunResult knn = run(base() + " -x 20 --attn knn --attn-k 32", tmp);
+    RunResult knn_block = run(base() + " -x 20 --attn knn --attn-k 40 --attn-index block", tmp);
+    ASSERT_EQ(exact.exit_code, 0) << exact.err;
+    ASSERT_EQ(knn.exit_code, 0) << knn.err;
+    ASSERT_EQ(knn_block.exit_code, 0) << knn_block.err;
+    auto a = step_losses(exact.out), b = step_losses(knn.out), c = step_losses(knn_block.out);
+    ASSERT_EQ(a.size(), 20u);
+    ASSERT_EQ(b.size(), 20u);
+    ASSERT_EQ(c.size(), 20u);
+    // the sparse kernel sums in another order than the flash kernel: fp32 rounding only
+    for (int i = 0; i < 20; i++) {
+        EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 2e-5 * std::stod(a[i])) << "step " << i + 1;
+        EXPECT_NEAR(std::stod(c[i]), std::stod(a[i]), 2e-5 * std::stod(a[i])) << "step " << i + 1;
+    }
+}
+
+// Every mode trains (the loss falls) and reports its settings.
+TEST_F(Trainer, EveryAttentionModeTrains) {
+    const std::vector<std::pair<std::string, std::string>> modes = {
+        {"--attn knn --attn-k 4", "knn k 4 index brute, grad exact"},
+        {"--attn knn --attn-k 4 --attn-index lsh", "knn k 4 index lsh"},
+        {"--attn knn-tail --attn-k 4 --attn-tail 4", "knn-tail k 4 index brute tail 4"},
+        {"--attn gumbel --attn-k 4 --attn-grad sampled", "gumbel k 4"},
+        {"--attn kmv --attn-k 4 --attn-tail 4", "kmv k 4"},
+        {"--attn exact --attn-grad sampled --attn-grad-samples 8", "exact, grad sampled s 8 exact-row"},
+        {"--attn knn --attn-k 4 --attn-grad sampled --attn-grad-dv signed", "lazy-gumbel signed-dv"},
+    };
+    for (const auto& [flags, description] : modes) {
+        RunResult r = run(base() + " -x 30 " + flags, tmp);
+        ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+        EXPECT_NE(r.out.find(description), std::string::npos) << flags << ": header does not say '" << description << "'";
+        auto losses = step_losses(r.out);
+        ASSERT_EQ(losses.size(), 30u) << flags;
+        EXPECT_LT(std::stod(losses.back()), std::stod(losses.front()) - 0.5) << flags << "\n" << r.out;
+    }
+}
+
+TEST_F(Trainer, SameAttentionSeedSameRunAnotherSeedAnotherRun) {
+    std::string cmd = base() + " -x 5 --attn knn-tail --attn-k 4 --attn-tail 4";
+    RunResult a = run(cmd + " --attn-seed 1", tmp), b = run(cmd + " --attn-seed 1", tmp), c = run(cmd + " --attn-seed 2", tmp);
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(step_losses(a.out), step_losses(b.out));
+    EXPECT_NE(step_losses(a.out), step_losses(c.out));
+}
+
+TEST_F(Trainer, AttnEvalReportsValidationLossUnderOtherSettings) {
+    RunResult r = run(base() + " -x 3 --attn-eval exact,knn:k=4,knn-tail:k=4:m=4,knn:k=32", tmp);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::regex line(R"(val loss ([0-9.]+) \| perplexity [0-9.]+ \| step 3(?: \| attention (\S+))?)");
+    std::map<std::string, double> losses;
+    for (std::sregex_iterator it(r.out.begin(), r.out.end(), line), end; it != end; ++it)
+        losses[(*it)[2].matched ? (*it)[2].str() : "trained"] = std::stod((*it)[1]);
+    ASSERT_EQ(losses.size(), 5u) << r.out;
+    EXPECT_NEAR(losses["exact"], losses["trained"], 1e-6);         // trained with exact
+    EXPECT_NEAR(losses["knn:k=32"], losses["trained"], 1e-4);      // k >= T is exact
+    EXPECT_NE(losses["knn:k=4"], losses["trained"]);
+}
+
+TEST_F(Trainer, ResumeKeepsTheAttentionSamplesExact) {
+    std::string dir = tmp.file("run_attn");
+    std::string cmd = base() + " -x 8 -n 4 --attn knn-tail --attn-k 4 --attn-tail 4 --attn-seed 3 -o " + dir;
+    RunResult full = run(cmd, tmp);
+    ASSERT_EQ(full.exit_code, 0) << full.err;
+    std::remove((dir + "/model_00000008.bin").c_str());
+    std::remove((dir + "/state_00000008.bin").c_str());
+    RunResult resumed = run(cmd + " -y 1", tmp);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    auto a = step_losses(full.out), b = step_losses(resumed.out);
+    ASSERT_EQ(b.size(), 4u);
+    for (int i = 0; i < 4; i++) EXPECT_EQ(b[i], a[4 + i]) << "step " << 5 + i;
+    // the state file records the attention settings
+    RunResult other = run(base() + " -x 8 -n 4 --attn exact -o " + dir + " -y 1", tmp);
+    EXPECT_NE(other.out.find("note: the checkpoint trained with attention 'knn-tail"), std::string::npos) << other.out;
+}
+
+TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"--attn knnn", "unknown attention mode 'knnn'"},
+        {"--attn knn --attn-k 0", "--attn-k must be >= 1"},
+        {"--attn knn --attn-tail 4", "--attn-tail needs --attn knn-tail or kmv"},
+        {"--attn knn-tail --attn-tail -1", "--attn-tail must be >= 0"},
+        {"--attn knn --attn-index kdtree", "unknown index 'kdtree'"},
+        {"--attn-grad approximate", "unknown gradient mode 'approximate'"},
+        {"--attn gumbel", "use --attn-grad sampled"},
+        {"--attn-grad sampled --attn-grad-samples 0", "--attn-grad-samples must be >= 1"},
+        {"--attn-k x", "--attn-k: expected an integer"},
+        {"--attn-eval knn:q=3", "unknown field 'q'"},
+        {"--attn-eval fancy", "unknown attention mode 'fancy'"},
+    };
+    for (const auto& [flags, expect] : cases) {
+        std::string out_dir = tmp.file("never");
+        RunResult r = run(base() + " -x 2 -o " + out_dir + " " + flags, tmp);
+        EXPECT_NE(r.exit_code, 0) << flags;
+        EXPECT_NE(r.err.find(expect), std::string::npos) << flags << ": " << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
+        EXPECT_FALSE(exists(out_dir)) << flags;
     }
 }

@@ -61,6 +61,17 @@ struct Options {
     int layers = -1, heads = -1, channels = -1, max_seq_len = -1, vocab = -1;  // shape flags
     std::string tokenizer;               // --tokenizer
     std::string attn = "exact";          // --attn
+    int attn_k = 16;                     // --attn-k
+    int attn_tail = 0;                   // --attn-tail
+    std::string attn_index = "brute";    // --attn-index
+    std::string attn_grad = "exact";     // --attn-grad
+    int attn_grad_samples = 16;          // --attn-grad-samples
+    std::string attn_grad_source = "auto";  // --attn-grad-source
+    std::string attn_grad_dv = "rowwise";   // --attn-grad-dv
+    int attn_gumbel_groups = 3;          // --attn-gumbel-groups
+    int attn_gumbel_samples = 8;         // --attn-gumbel-samples
+    uint64_t attn_seed = 0;              // --attn-seed
+    std::string attn_eval;               // --attn-eval
 };
 
 static const char* USAGE = R"(usage: train_gpt_cpu [options]
@@ -79,7 +90,25 @@ Model
   --max-seq-len N  max context (default: T, or 1024 with -e dN)
   --vocab N        vocabulary size (default 256 byte-level, or 50257 with -e dN)
   --seed N         seed of the initialisation and of sampling (default 1337)
-  --attn MODE      attention: exact (default)
+Attention
+  --attn MODE      exact (default), knn (top-k), knn-tail (top-k + up-weighted uniform tail),
+                   gumbel (lazy Gumbel samples, median of means), kmv (heavy keys by LSH +
+                   sampled light part)
+  --attn-k K       nearest keys per query for knn, knn-tail, gumbel; heavy-key budget for kmv (default 16)
+  --attn-tail M    tail samples per query (knn-tail) or light samples (kmv) (default 0)
+  --attn-index I   top-k search: brute (exact), block (exact, pruned by block bounds), lsh (approximate)
+                   (default brute)
+  --attn-grad G    exact (the gradient of what the forward computed; default) or sampled (the
+                   randomised estimators of the exact-attention gradient)
+  --attn-grad-samples S   samples per query for --attn-grad sampled (default 16)
+  --attn-grad-source SRC  where gradient samples come from: auto (lazy Gumbel on the top-k set when the
+                   forward has one, else the exact row), exact-row, lazy-gumbel (default auto)
+  --attn-grad-dv V rowwise (default) or signed: the signed-start one-pass dV estimator
+  --attn-gumbel-groups R  median-of-means groups for gumbel (default 3)
+  --attn-gumbel-samples N samples per group for gumbel (default 8)
+  --attn-seed N    seed of every attention random draw (Philox; default 0)
+  --attn-eval LIST also report the validation loss under other attention settings, a comma-separated
+                   list of MODE[:k=K][:m=M][:index=I] (e.g. exact,knn:k=8,knn-tail:k=8:m=8)
 Optimisation
   -b B             micro-batch size in sequences (default 12)
   -t T             sequence length (default 64)
@@ -149,7 +178,14 @@ static Options parse_args(int argc, char** argv) {
         {"--grad-clip", real(&o.grad_clip)}, {"--shuffle", integer(&o.shuffle)},
         {"--layers", integer(&o.layers)}, {"--heads", integer(&o.heads)}, {"--channels", integer(&o.channels)},
         {"--max-seq-len", integer(&o.max_seq_len)}, {"--vocab", integer(&o.vocab)},
-        {"--tokenizer", text(&o.tokenizer)}, {"--attn", text(&o.attn)},
+        {"--tokenizer", text(&o.tokenizer)}, {"--attn", text(&o.attn)}, {"--attn-k", integer(&o.attn_k)},
+        {"--attn-tail", integer(&o.attn_tail)}, {"--attn-index", text(&o.attn_index)},
+        {"--attn-grad", text(&o.attn_grad)}, {"--attn-grad-samples", integer(&o.attn_grad_samples)},
+        {"--attn-grad-source", text(&o.attn_grad_source)}, {"--attn-grad-dv", text(&o.attn_grad_dv)},
+        {"--attn-gumbel-groups", integer(&o.attn_gumbel_groups)},
+        {"--attn-gumbel-samples", integer(&o.attn_gumbel_samples)},
+        {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn_seed = (uint64_t)parse_long(f, v); }},
+        {"--attn-eval", text(&o.attn_eval)},
     };
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
@@ -290,6 +326,7 @@ static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_to
     for (int i = 0; i < n_tokens; i++) {
         int ctx = std::min((int)tokens.size(), model.T);  // sliding window over the last T tokens
         const int* window = tokens.data() + tokens.size() - ctx;
+        model.attn.step = 0x40000000u + (uint32_t)i;  // Philox steps of sampling, apart from training's
         gpt_forward(model, window, nullptr, 1, ctx);
         gpt_logits_at(model, 0, ctx - 1, logits.data());
         double mx = logits[0], sum = 0.0;
@@ -316,6 +353,7 @@ static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vec
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         loader.next_batch(inputs.data(), targets.data());
+        model.attn.step = 0x80000000u + (uint32_t)i;  // the same draws at every evaluation
         gpt_forward(model, inputs.data(), targets.data(), model.B, model.T);
         sum += model.mean_loss;
     }
@@ -331,12 +369,67 @@ static std::string format_duration(double seconds) {
     return buf;
 }
 
+// The attention settings of the flags.
+static AttnConfig attn_config_from(const Options& o) {
+    AttnConfig a;
+    a.mode = parse_attn_mode(o.attn);
+    a.k = o.attn_k;
+    a.tail = o.attn_tail;
+    a.index = parse_attn_index(o.attn_index);
+    a.grad = parse_attn_grad(o.attn_grad);
+    a.grad_samples = o.attn_grad_samples;
+    a.grad_source = parse_attn_grad_source(o.attn_grad_source);
+    if (o.attn_grad_dv != "rowwise" && o.attn_grad_dv != "signed")
+        throw std::runtime_error("--attn-grad-dv: unknown estimator '" + o.attn_grad_dv + "' (known: rowwise, signed)");
+    a.grad_signed_dv = o.attn_grad_dv == "signed";
+    a.gumbel_groups = o.attn_gumbel_groups;
+    a.gumbel_samples = o.attn_gumbel_samples;
+    a.seed = o.attn_seed;
+    validate_attn_config(a);
+    return a;
+}
+
+// --attn-eval: MODE[:k=K][:m=M][:index=I], comma separated; unspecified
+// fields come from the training settings. (The forward only: the gradient
+// settings do not matter for a validation loss.)
+static std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std::string& list, const AttnConfig& base) {
+    std::vector<std::pair<std::string, AttnConfig>> out;
+    size_t start = 0;
+    while (start <= list.size() && !list.empty()) {
+        size_t comma = list.find(',', start);
+        std::string spec = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        start = comma == std::string::npos ? list.size() + 1 : comma + 1;
+        if (spec.empty()) throw std::runtime_error("--attn-eval: empty entry in '" + list + "'");
+        AttnConfig a = base;
+        a.grad = AttnGrad::Exact;
+        size_t colon = spec.find(':');
+        a.mode = parse_attn_mode(spec.substr(0, colon));
+        if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
+        if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
+        while (colon != std::string::npos) {
+            size_t next = spec.find(':', colon + 1);
+            std::string field = spec.substr(colon + 1, next == std::string::npos ? std::string::npos : next - colon - 1);
+            colon = next;
+            size_t eq = field.find('=');
+            if (eq == std::string::npos) throw std::runtime_error("--attn-eval: expected key=value in '" + field + "'");
+            std::string key = field.substr(0, eq), value = field.substr(eq + 1);
+            if (key == "k") a.k = (int)parse_long("--attn-eval k", value.c_str());
+            else if (key == "m") a.tail = (int)parse_long("--attn-eval m", value.c_str());
+            else if (key == "index") a.index = parse_attn_index(value);
+            else throw std::runtime_error("--attn-eval: unknown field '" + key + "' (known: k, m, index)");
+        }
+        validate_attn_config(a);
+        out.push_back({spec, a});
+    }
+    return out;
+}
+
 static int run(const Options& o) {
     using clock = std::chrono::steady_clock;
     // ---- everything that can fail on bad input happens before anything is written
     LrSchedule schedule = parse_lr_schedule(o.schedule);
-    AttnConfig attn;
-    attn.mode = parse_attn_mode(o.attn);
+    AttnConfig attn = attn_config_from(o);
+    auto eval_attns = parse_attn_eval(o.attn_eval, attn);
 
     int resume_step = -1;
     if (o.resume) {
@@ -366,6 +459,8 @@ static int run(const Options& o) {
     GPT model;
     model.attn = attn;
     gpt_build(model, cfg, src.params, o.B, o.T);
+    for (const auto& eval : eval_attns) gpt_set_attention(model, eval.second);  // allocate the largest lists once
+    gpt_set_attention(model, attn);
     src.params.clear();
     src.params.shrink_to_fit();
 
@@ -378,6 +473,9 @@ static int run(const Options& o) {
         sample_rng.state = st.rng_state;
         train_loader.restore({st.data_epoch, st.data_shard_pos, st.data_batch_pos});
         start_step = st.step;
+        if (attn_description(st.attn) != attn_description(attn))
+            printf("note: the checkpoint trained with attention '%s'; continuing with '%s'\n",
+                   attn_description(st.attn).c_str(), attn_description(attn).c_str());
     }
 
     // ---- header
@@ -395,7 +493,8 @@ static int run(const Options& o) {
     row("shape", fmt("L %d, NH %d, C %d, maxT %d, V %d (Vp %d)", cfg.num_layers, cfg.num_heads, cfg.channels,
                      cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size));
     row("parameters", std::to_string(model.num_parameters));
-    row("attention", attn_mode_name(attn.mode));
+    row("attention", attn_description(attn));
+    for (const auto& [spec, a] : eval_attns) row("also evaluated", attn_description(a));
     row("train data", fmt("%s (%zu tokens)", o.train_pattern.c_str(), train_loader.num_tokens()));
     row("val data", fmt("%s (%zu tokens)", o.val_pattern.c_str(), val_loader.num_tokens()));
     row("batch", fmt("B %d, T %d, accumulation %d -> %ld tokens/step", o.B, o.T, accum_steps, total_batch));
@@ -424,6 +523,7 @@ static int run(const Options& o) {
         st.data_epoch = ds.epoch;
         st.data_shard_pos = ds.shard_pos;
         st.data_batch_pos = ds.batch_pos;
+        st.attn = attn;
         gpt_get_optimizer_state(model, st);
         // model first, state second: a state file only ever exists beside its model
         write_model_file(checkpoint_path(o.output_dir, "model", step), cfg, gpt_host_parameters(model));
@@ -445,6 +545,14 @@ static int run(const Options& o) {
             last_val_loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets);
             printf("val loss %.6f | perplexity %.4f | step %d\n", last_val_loss, std::exp(last_val_loss), step);
             if (log) fprintf(log, "s:%d tel:%f\n", step, last_val_loss);
+            for (const auto& [spec, eval_attn] : eval_attns) {
+                gpt_set_attention(model, eval_attn);
+                double loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets);
+                printf("val loss %.6f | perplexity %.4f | step %d | attention %s\n", loss, std::exp(loss), step,
+                       spec.c_str());
+                if (log) fprintf(log, "s:%d tel[%s]:%f\n", step, spec.c_str(), loss);
+            }
+            gpt_set_attention(model, attn);
         }
         // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
         if ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step) {
@@ -462,6 +570,7 @@ static int run(const Options& o) {
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
+            model.attn.step = (uint32_t)((long)step * accum_steps + micro);
             gpt_forward(model, inputs.data(), targets.data(), o.B, o.T);
             gpt_backward(model, 1.0f / (float)(tokens_per_micro * accum_steps));
             loss_sum += model.mean_loss;

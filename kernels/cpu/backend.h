@@ -15,9 +15,15 @@
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/global_norm.h"
+#include "kernels/cpu/gumbel_attention.h"
+#include "kernels/cpu/kmv_attention.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cpu/sampled_grad.h"
+#include "kernels/cpu/sparse_attention.h"
+#include "kernels/cpu/tail_sampling.h"
+#include "kernels/cpu/topk_index.h"
 
 namespace knngpt::cpu {
 
