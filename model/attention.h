@@ -121,6 +121,11 @@ inline void validate_attn_config(const AttnConfig& a) {
         throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
     if (a.gumbel_groups < 1 || a.gumbel_samples < 1)
         throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
+    // lazy Gumbel is exact only when the top-k set really is the top k (ALGORITHMS.md §4.3):
+    // the approximate lsh index may miss keys, and the widened threshold is not implemented
+    if (a.index == ops::TopkIndex::Lsh && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
+        throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index brute or block), "
+                                 "not lsh");
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
         throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
 }

@@ -320,6 +320,8 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
         {"--attn knn --attn-index kdtree", "unknown index 'kdtree'"},
         {"--attn-grad approximate", "unknown gradient mode 'approximate'"},
         {"--attn gumbel", "use --attn-grad sampled"},
+        {"--attn gumbel --attn-grad sampled --attn-index lsh", "needs an exact top-k index"},
+        {"--attn knn --attn-index lsh --attn-grad sampled", "needs an exact top-k index"},
         {"--attn-grad sampled --attn-grad-samples 0", "--attn-grad-samples must be >= 1"},
         {"--attn-k x", "--attn-k: expected an integer"},
         {"--attn-eval knn:q=3", "unknown field 'q'"},
