@@ -662,40 +662,6 @@ inline int topk_bisect(float* x, int* pos, int lo, int hi, int HS, int min_side,
     return lo + na;
 }
 
-// scores of four queries q[0..3] against chunks [0, c1) of a panel, c1 even: row r at
-// out + r * ld_out (two chunks x four queries: eight independent chains)
-inline void topk_score_chunk_pairs_4q(float* out, size_t ld_out, const float* const q[4], const float* panel, int c1,
-                                      int HS) {
-    const size_t chunk_size = (size_t)HS * kTopkLanes;
-    const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
-    for (int c = 0; c + 2 <= c1; c += 2) {
-        const float* k0 = panel + (size_t)c * chunk_size;
-        TopkLaneVec a00 = topk_lanes_zero(), a10 = topk_lanes_zero(), a20 = topk_lanes_zero(), a30 = topk_lanes_zero();
-        TopkLaneVec a01 = topk_lanes_zero(), a11 = topk_lanes_zero(), a21 = topk_lanes_zero(), a31 = topk_lanes_zero();
-        for (int d = 0; d < HS; d++) {
-            const TopkLaneVec x0 = topk_lanes_load(k0 + d * kTopkLanes);
-            const TopkLaneVec x1 = topk_lanes_load(k0 + chunk_size + d * kTopkLanes);
-            a00 = topk_lanes_fma(q0[d], x0, a00);
-            a10 = topk_lanes_fma(q1[d], x0, a10);
-            a20 = topk_lanes_fma(q2[d], x0, a20);
-            a30 = topk_lanes_fma(q3[d], x0, a30);
-            a01 = topk_lanes_fma(q0[d], x1, a01);
-            a11 = topk_lanes_fma(q1[d], x1, a11);
-            a21 = topk_lanes_fma(q2[d], x1, a21);
-            a31 = topk_lanes_fma(q3[d], x1, a31);
-        }
-        const size_t o = (size_t)c * kTopkLanes;
-        topk_lanes_store(out + o, a00);
-        topk_lanes_store(out + ld_out + o, a10);
-        topk_lanes_store(out + 2 * ld_out + o, a20);
-        topk_lanes_store(out + 3 * ld_out + o, a30);
-        topk_lanes_store(out + o + kTopkLanes, a01);
-        topk_lanes_store(out + ld_out + o + kTopkLanes, a11);
-        topk_lanes_store(out + 2 * ld_out + o + kTopkLanes, a21);
-        topk_lanes_store(out + 3 * ld_out + o + kTopkLanes, a31);
-    }
-}
-
 // The blocks of one head: block c holds the key positions keys[block_start[c] ..
 // block_start[c+1]), ascending, every block at most block_size keys, blocks ordered
 // by their first key. keys is a permutation of 0..T-1. Key j is k_head[j * key_stride ..].
@@ -874,6 +840,7 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
         std::vector<int> pair_start((size_t)max_blocks + 1), pair_rows((size_t)QB * max_blocks);
         std::vector<int> block_order((size_t)max_blocks);
         std::vector<float> margin((size_t)max_blocks);
+        std::vector<float> q4((size_t)4 * HS);  // four queries interleaved, q4[4 d + s]
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -995,10 +962,11 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
                             // repeats its last row
                             const int n_max = topk_causal_count(head, c, i_search + group[ng - 1]);
                             const int nch = (topk_num_chunks(n_max) + 1) / 2 * 2;
-                            const float* q4[4];
-                            for (int s = 0; s < 4; s++)
-                                q4[s] = q_head + (size_t)(i_search + group[std::min(s, ng - 1)]) * C3;
-                            topk_score_chunk_pairs_4q(scores.data(), ld, q4, panel, nch, HS);
+                            for (int s = 0; s < 4; s++) {
+                                const float* q = q_head + (size_t)(i_search + group[std::min(s, ng - 1)]) * C3;
+                                for (int d = 0; d < HS; d++) q4[4 * d + s] = q[d];
+                            }
+                            topk_score_chunks_4q(scores.data(), ld, q4.data(), panel, nch, HS);
                             for (int s = 0; s < ng; s++) {
                                 const int n = topk_causal_count(head, c, i_search + group[s]);
                                 selectors[group[s]].offer_list(scores.data() + s * ld, keys, n);
