@@ -16,7 +16,7 @@ LDLIBS    += $(BLAS_LIBS) -lm
 GTEST_LIBS ?= -lgtest -lgtest_main -pthread
 
 BUILD     := build
-HEADERS   := $(wildcard model/*.h kernels/common/*.h kernels/cpu/*.h data/*.h)
+HEADERS   := $(wildcard model/*.h kernels/common/*.h kernels/cpu/*.h kernels/emu/*.h kernels/cuda/*.cuh data/*.h)
 TEST_SRCS := $(wildcard tests/test_*.cpp)
 TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 PYTHON    ?= /usr/bin/python3

@@ -1,0 +1,83 @@
+// kernels/cuda/common.cuh — included first by every CUDA kernel file. The same
+// source builds two ways:
+//   nvcc                       the CUDA runtime, bf16 and wmma headers;
+//   g++ -DKNNGPT_CUDA_EMU      the CPU emulator of kernels/emu (no GPU needed).
+// Everything below means the same in both builds:
+//   CUDA_CHECK(call)                      on error: "file:line: CUDA error: <string>", exit(1)
+//   launch(kernel, grid, block, dynamic_smem_bytes, stream, args...)
+//                                         kernel<<<grid, block, smem, stream>>>(args...) and a
+//                                         check of the launch (cudaGetLastError) at the call site
+//   KNNGPT_DYNAMIC_SHARED(type, name)     inside a kernel: `type* name` at the block's dynamic
+//                                         shared memory
+//   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
+//   ceil_div(a, b)
+// Kernels launch only through launch(...), never with a raw <<<>>>.
+#pragma once
+#if defined(KNNGPT_CUDA_EMU)
+#include "kernels/emu/emu.h"
+#else
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+#include <type_traits>
+#include <utility>
+
+namespace knngpt::cuda {
+
+inline void check_cuda(cudaError_t status, const char* file, int line) {
+    if (status == cudaSuccess) return;
+    std::fprintf(stderr, "%s:%d: CUDA error: %s\n", file, line, cudaGetErrorString(status));
+    std::exit(1);
+}
+
+// launch(...) expands to this with the call site and the launch's text (whose
+// first item names the kernel in the emulator's deadlock reports).
+template <typename... Params, typename... Args>
+void launch_kernel(const char* file, int line, const char* launch_text, void (*kernel)(Params...), dim3 grid,
+                   dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream, Args&&... args) {
+#if defined(KNNGPT_CUDA_EMU)
+    ::knngpt::emu::run_kernel(launch_text, kernel, grid, block, dynamic_smem_bytes, stream,
+                              std::forward<Args>(args)...);
+#else
+    (void)launch_text;
+    kernel<<<grid, block, dynamic_smem_bytes, stream>>>(std::forward<Args>(args)...);
+#endif
+    check_cuda(cudaGetLastError(), file, line);
+}
+
+// Sum over the 32 lanes of the warp by an xor butterfly: after log2(32)
+// exchanges every lane holds the total.
+__device__ __forceinline__ float warp_reduce_sum(float value) {
+    for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xFFFFFFFFu, value, offset);
+    return value;
+}
+
+__device__ __forceinline__ float warp_reduce_max(float value) {
+    for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+    return value;
+}
+
+template <typename A, typename B>
+__host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {
+    return (a + b - 1) / b;
+}
+
+}  // namespace knngpt::cuda
+
+#define CUDA_CHECK(call) ::knngpt::cuda::check_cuda((call), __FILE__, __LINE__)
+
+#define launch(...) ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__)
+
+// One byte array for every kernel (differently typed `extern __shared__`
+// arrays of one name would clash between kernels of a file), viewed as type.
+#if defined(KNNGPT_CUDA_EMU)
+#define KNNGPT_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::knngpt::emu::dynamic_shared_memory())
+#else
+#define KNNGPT_DYNAMIC_SHARED(type, name)                                          \
+    extern __shared__ __align__(16) unsigned char knngpt_dynamic_shared_bytes[]; \
+    type* name = reinterpret_cast<type*>(knngpt_dynamic_shared_bytes)
+#endif
