@@ -1,0 +1,56 @@
+// kernels/cuda/gelu.cuh — GELU, tanh approximation (GPT-2's), fp32. Twin of kernels/cpu/gelu.h.
+//
+//   forward:  y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   backward: dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+//             dinp += dy/dx * dout
+//
+// Shapes: any, flattened to N elements (in the model: (B, T, 4C)).
+// Backward needs the forward's input (inp), not its output. Backward accumulates (+=).
+// Device pointers; one thread per element.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/cuda/common.cuh"
+
+namespace knngpt::cuda {
+
+constexpr int kGeluThreads = 256;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// ---- CUDA kernels -------------------------------------------------------------
+
+__global__ void gelu_forward_kernel(float* out, const float* inp, size_t N) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    out[i] = 0.5f * x * (1.0f + tanhf(u));
+}
+
+__global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t N) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float x = inp[i];
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    const float tanh_u = tanhf(u);
+    const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+    const float dy_dx = 0.5f * (1.0f + tanh_u) + 0.5f * x * (1.0f - tanh_u * tanh_u) * du_dx;
+    dinp[i] += dy_dx * dout[i];
+}
+
+// ---- host launchers -----------------------------------------------------------
+
+inline void gelu_forward(float* out, const float* inp, size_t N) {
+    if (N == 0) return;
+    launch(gelu_forward_kernel, (unsigned)ceil_div(N, (size_t)kGeluThreads), kGeluThreads, 0, nullptr, out, inp, N);
+}
+
+inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+    if (N == 0) return;
+    launch(gelu_backward_kernel, (unsigned)ceil_div(N, (size_t)kGeluThreads), kGeluThreads, 0, nullptr, dinp, inp,
+           dout, N);
+}
+
+}  // namespace knngpt::cuda

@@ -1,0 +1,143 @@
+// kernels/cuda/layernorm.cuh — layer normalisation over the last dimension, fp32.
+// Twin of kernels/cpu/layernorm.h.
+//
+//   forward, per row n of C channels (eps = 1e-5):
+//     mean[n] = (1/C) sum_c x[n,c]
+//     rstd[n] = 1 / sqrt((1/C) sum_c (x[n,c] - mean[n])^2 + eps)
+//     out[n,c] = (x[n,c] - mean[n]) rstd[n] weight[c] + bias[c]
+//   backward, with norm = (x - mean) rstd and dnorm = weight * dout:
+//     dbias[c]   += sum_n dout[n,c]
+//     dweight[c] += sum_n norm[n,c] dout[n,c]
+//     dinp[n,c]  += rstd[n] (dnorm[n,c] - mean_c(dnorm[n,:]) - norm[n,c] mean_c(dnorm[n,:] norm[n,:]))
+//
+// Shapes: inp/out/dout/dinp (N, C) with N = B*T rows; weight, bias, dweight, dbias (C);
+// mean, rstd (N), saved by forward for backward. Backward accumulates (+=) into
+// dinp, dweight and dbias; the caller zeroes them. Device pointers.
+//
+// Design: one warp per row for everything that reduces over a row (forward,
+// dinp), with warp_reduce_sum. dweight/dbias reduce over rows instead: a block
+// owns a tile of 32 channels x kLayerNormParamRows rows, reduces it in shared
+// memory, and adds its partial sums with atomicAdd (one per channel per block).
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/cuda/common.cuh"
+
+namespace knngpt::cuda {
+
+constexpr float kLayerNormEpsilon = 1e-5f;
+constexpr int kLayerNormThreads = 256;       // 8 warps, 8 rows per block
+constexpr int kLayerNormParamStripes = 8;    // threadIdx.y of the dweight/dbias kernel
+constexpr int kLayerNormParamRows = 256;     // rows per block of the dweight/dbias kernel
+
+// ---- CUDA kernels -------------------------------------------------------------
+
+__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
+                                         const float* weight, const float* bias, int N, int C) {
+    // this warp owns row n; a whole warp leaves together, so the shuffles stay full
+    const int lane_id = threadIdx.x % 32;
+    const int warp_id = threadIdx.x / 32;
+    const int n = blockIdx.x * (blockDim.x / 32) + warp_id;
+    if (n >= N) return;
+    const float* x = inp + (size_t)n * C;
+    float* y = out + (size_t)n * C;
+    // mean
+    float sum = 0.0f;
+    for (int c = lane_id; c < C; c += 32) sum += x[c];
+    const float m = warp_reduce_sum(sum) / (float)C;
+    // variance, from the centred values (two passes: no cancellation)
+    float sum_sq = 0.0f;
+    for (int c = lane_id; c < C; c += 32) sum_sq += (x[c] - m) * (x[c] - m);
+    const float s = rsqrtf(warp_reduce_sum(sum_sq) / (float)C + kLayerNormEpsilon);
+    // normalise, then scale and shift
+    for (int c = lane_id; c < C; c += 32) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    // cache for backward
+    if (lane_id == 0) {
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+// dinp, one warp per row.
+__global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, const float* inp,
+                                                const float* weight, const float* mean, const float* rstd, int N,
+                                                int C) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_id = threadIdx.x / 32;
+    const int n = blockIdx.x * (blockDim.x / 32) + warp_id;
+    if (n >= N) return;
+    const float* x = inp + (size_t)n * C;
+    const float* dy = dout + (size_t)n * C;
+    float* dx = dinp + (size_t)n * C;
+    const float m = mean[n], s = rstd[n];
+    // the two row means of the formula
+    float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
+    for (int c = lane_id; c < C; c += 32) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = weight[c] * dy[c];
+        dnorm_sum += dnorm;
+        dnorm_norm_sum += dnorm * norm;
+    }
+    const float dnorm_mean = warp_reduce_sum(dnorm_sum) / (float)C;
+    const float dnorm_norm_mean = warp_reduce_sum(dnorm_norm_sum) / (float)C;
+    for (int c = lane_id; c < C; c += 32) {
+        const float norm = (x[c] - m) * s;
+        const float dnorm = weight[c] * dy[c];
+        dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
+    }
+}
+
+// dweight, dbias. Block (32, kLayerNormParamStripes): threadIdx.x picks the
+// channel c of tile blockIdx.x (adjacent threads read adjacent channels),
+// threadIdx.y a stripe of the rows of chunk blockIdx.y.
+__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* dout, const float* inp,
+                                                 const float* mean, const float* rstd, int N, int C) {
+    __shared__ float dweight_partial[kLayerNormParamStripes][32];
+    __shared__ float dbias_partial[kLayerNormParamStripes][32];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    const int row_begin = blockIdx.y * kLayerNormParamRows;
+    const int row_end = min(row_begin + kLayerNormParamRows, N);
+    float dweight_sum = 0.0f, dbias_sum = 0.0f;
+    if (c < C) {
+        for (int n = row_begin + (int)threadIdx.y; n < row_end; n += kLayerNormParamStripes) {
+            const size_t i = (size_t)n * C + c;
+            dbias_sum += dout[i];
+            dweight_sum += (inp[i] - mean[n]) * rstd[n] * dout[i];
+        }
+    }
+    dweight_partial[threadIdx.y][threadIdx.x] = dweight_sum;
+    dbias_partial[threadIdx.y][threadIdx.x] = dbias_sum;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int stripe = 1; stripe < kLayerNormParamStripes; stripe++) {
+            dweight_sum += dweight_partial[stripe][threadIdx.x];
+            dbias_sum += dbias_partial[stripe][threadIdx.x];
+        }
+        atomicAdd(&dweight[c], dweight_sum);
+        atomicAdd(&dbias[c], dbias_sum);
+    }
+}
+
+// ---- host launchers -----------------------------------------------------------
+
+inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                              const float* bias, int N, int C) {
+    if (N == 0) return;
+    const int rows_per_block = kLayerNormThreads / 32;
+    launch(layernorm_forward_kernel, ceil_div(N, rows_per_block), kLayerNormThreads, 0, nullptr, out, mean, rstd,
+           inp, weight, bias, N, C);
+}
+
+inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                               const float* weight, const float* mean, const float* rstd, int N, int C) {
+    if (N == 0 || C == 0) return;
+    const int rows_per_block = kLayerNormThreads / 32;
+    launch(layernorm_backward_input_kernel, ceil_div(N, rows_per_block), kLayerNormThreads, 0, nullptr, dinp, dout,
+           inp, weight, mean, rstd, N, C);
+    const dim3 grid(ceil_div(C, 32), ceil_div(N, kLayerNormParamRows));
+    const dim3 block(32, kLayerNormParamStripes);
+    launch(layernorm_backward_params_kernel, grid, block, 0, nullptr, dweight, dbias, dout, inp, mean, rstd, N, C);
+}
+
+}  // namespace knngpt::cuda

@@ -1,0 +1,247 @@
+// tests/test_cuda_kernels.cpp — the fp32 CUDA kernels of kernels/cuda (encoder,
+// residual, gelu, layernorm) run under the emulator against their CPU twins in
+// kernels/cpu. Shapes are deliberately not multiples of any block size (T = 7,
+// C = 40 / 20, N = 300), so every partial block and tail guard is exercised.
+// Backward ops are run twice onto nonzero gradients, which checks that they
+// accumulate (+=) like the twins.
+//
+// Tolerance: 1e-5, relative to the largest reference entry (max_rel_error).
+// Both sides are fp32; they differ only in summation order (warp butterflies,
+// atomics, striped partial sums against sequential loops) and in tanh (tanhf
+// against tanh_vectorizable, ~1e-7 apart), which for these O(1) values over at
+// most 40 terms stays within a few ulp, far under 1e-5.
+#define KNNGPT_CUDA_EMU
+
+#include "kernels/cuda/common.cuh"
+
+#include <set>
+#include <string>
+
+// Record the name of every kernel launched, then launch as common.cuh does.
+// Defined before the kernel headers so that their launchers use it.
+namespace {
+std::set<std::string>& launched_kernels() {
+    static std::set<std::string> names;
+    return names;
+}
+}  // namespace
+#undef launch
+#define launch(...)                                                                     \
+    (launched_kernels().insert(::knngpt::emu::kernel_name(#__VA_ARGS__)),               \
+     ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__))
+
+#include "kernels/cuda/encoder.cuh"
+#include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/residual.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/encoder.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/residual.h"
+#include "tests/test_util.h"
+
+using knngpt_test::max_rel_error;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+// Prints the count once every test has run.
+class LaunchCountReport : public testing::Environment {
+public:
+    void TearDown() override {
+        std::printf("cuda kernels run under emulation: %zu\n", launched_kernels().size());
+    }
+};
+testing::Environment* const launch_count_report = testing::AddGlobalTestEnvironment(new LaunchCountReport);
+
+// A cudaMalloc'd array that frees itself.
+template <typename T>
+struct DeviceArray {
+    T* ptr = nullptr;
+    size_t count = 0;
+
+    explicit DeviceArray(const std::vector<T>& host) : count(host.size()) {
+        CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(T)));
+        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    ~DeviceArray() { cudaFree(ptr); }
+
+    std::vector<T> to_host() const {
+        std::vector<T> host(count);
+        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+        return host;
+    }
+};
+
+std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> value(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = value(rng);
+    return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
+}
+
+// ---- encoder ------------------------------------------------------------------
+
+constexpr int kB = 2, kT = 7, kV = 11, kMaxT = 9;
+
+std::vector<int> token_ids(size_t n, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> id(0, kV - 1);
+    std::vector<int> v(n);
+    for (int& x : v) x = id(rng);
+    v[1] = v[0];  // a repeated token: two (b, t) add into one dwte row
+    return v;
+}
+
+TEST(CudaEncoder, ForwardMatchesCpu) {
+    const int C = 40;
+    const std::vector<int> inp = token_ids(kB * kT, 1);
+    const std::vector<float> wte = uniform((size_t)kV * C, 2), wpe = uniform((size_t)kMaxT * C, 3);
+    std::vector<float> want((size_t)kB * kT * C);
+    knngpt::cpu::encoder_forward(want.data(), inp.data(), wte.data(), wpe.data(), kB, kT, C);
+
+    DeviceArray<int> d_inp(inp);
+    DeviceArray<float> d_wte(wte), d_wpe(wpe), d_out(std::vector<float>(want.size(), -7.0f));
+    knngpt::cuda::encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, kB, kT, C);
+    expect_close(d_out.to_host(), want, "out");
+}
+
+TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
+    const int C = 40;
+    const std::vector<int> inp = token_ids(kB * kT, 4);
+    const std::vector<float> dout = uniform((size_t)kB * kT * C, 5);
+    std::vector<float> dwte = uniform((size_t)kV * C, 6), dwpe = uniform((size_t)kMaxT * C, 7);
+
+    DeviceArray<int> d_inp(inp);
+    DeviceArray<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
+    for (int pass = 0; pass < 2; pass++) {
+        knngpt::cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), kB, kT, C);
+        knngpt::cuda::encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, d_inp.ptr, kB, kT, C);
+    }
+    expect_close(d_dwte.to_host(), dwte, "dwte");
+    expect_close(d_dwpe.to_host(), dwpe, "dwpe");
+}
+
+// ---- residual -----------------------------------------------------------------
+
+constexpr size_t kN = 300;
+
+TEST(CudaResidual, ForwardMatchesCpu) {
+    const std::vector<float> a = uniform(kN, 8), b = uniform(kN, 9);
+    std::vector<float> want(kN);
+    knngpt::cpu::residual_forward(want.data(), a.data(), b.data(), kN);
+
+    DeviceArray<float> d_a(a), d_b(b), d_out(std::vector<float>(kN, -7.0f));
+    knngpt::cuda::residual_forward(d_out.ptr, d_a.ptr, d_b.ptr, kN);
+    expect_close(d_out.to_host(), want, "out");
+}
+
+TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
+    const std::vector<float> dout = uniform(kN, 10);
+    std::vector<float> da = uniform(kN, 11), db = uniform(kN, 12);
+
+    DeviceArray<float> d_dout(dout), d_da(da), d_db(db);
+    for (int pass = 0; pass < 2; pass++) {
+        knngpt::cpu::residual_backward(da.data(), db.data(), dout.data(), kN);
+        knngpt::cuda::residual_backward(d_da.ptr, d_db.ptr, d_dout.ptr, kN);
+    }
+    expect_close(d_da.to_host(), da, "da");
+    expect_close(d_db.to_host(), db, "db");
+}
+
+// ---- gelu ---------------------------------------------------------------------
+
+TEST(CudaGelu, ForwardMatchesCpu) {
+    const std::vector<float> inp = uniform(kN, 13, -4.0f, 4.0f);
+    std::vector<float> want(kN);
+    knngpt::cpu::gelu_forward(want.data(), inp.data(), kN);
+
+    DeviceArray<float> d_inp(inp), d_out(std::vector<float>(kN, -7.0f));
+    knngpt::cuda::gelu_forward(d_out.ptr, d_inp.ptr, kN);
+    expect_close(d_out.to_host(), want, "out");
+}
+
+TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
+    const std::vector<float> inp = uniform(kN, 14, -4.0f, 4.0f), dout = uniform(kN, 15);
+    std::vector<float> dinp = uniform(kN, 16);
+
+    DeviceArray<float> d_inp(inp), d_dout(dout), d_dinp(dinp);
+    for (int pass = 0; pass < 2; pass++) {
+        knngpt::cpu::gelu_backward(dinp.data(), inp.data(), dout.data(), kN);
+        knngpt::cuda::gelu_backward(d_dinp.ptr, d_inp.ptr, d_dout.ptr, kN);
+    }
+    expect_close(d_dinp.to_host(), dinp, "dinp");
+}
+
+// ---- layernorm ----------------------------------------------------------------
+
+// (rows, channels): C = 40 leaves lanes idle on the second pass over a row,
+// C = 20 leaves 12 lanes idle throughout; 14 rows leave 2 warps of the second block idle.
+struct LayerNormShape {
+    int N, C;
+};
+const LayerNormShape kLayerNormShapes[] = {{kB * kT, 40}, {kB * kT, 20}, {300, 20}};
+
+TEST(CudaLayerNorm, ForwardMatchesCpu) {
+    for (const LayerNormShape& shape : kLayerNormShapes) {
+        SCOPED_TRACE("N=" + std::to_string(shape.N) + " C=" + std::to_string(shape.C));
+        const int N = shape.N, C = shape.C;
+        const std::vector<float> inp = uniform((size_t)N * C, 17, -2.0f, 3.0f);
+        const std::vector<float> weight = uniform(C, 18), bias = uniform(C, 19);
+        std::vector<float> out((size_t)N * C), mean(N), rstd(N);
+        knngpt::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                                       N, C);
+
+        DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
+        DeviceArray<float> d_out(std::vector<float>(out.size(), -7.0f)), d_mean(std::vector<float>(N, -7.0f)),
+            d_rstd(std::vector<float>(N, -7.0f));
+        knngpt::cuda::layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C);
+        expect_close(d_out.to_host(), out, "out");
+        expect_close(d_mean.to_host(), mean, "mean");
+        expect_close(d_rstd.to_host(), rstd, "rstd");
+    }
+}
+
+TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
+    for (const LayerNormShape& shape : kLayerNormShapes) {
+        SCOPED_TRACE("N=" + std::to_string(shape.N) + " C=" + std::to_string(shape.C));
+        const int N = shape.N, C = shape.C;
+        const std::vector<float> inp = uniform((size_t)N * C, 20, -2.0f, 3.0f);
+        const std::vector<float> weight = uniform(C, 21), bias = uniform(C, 22), dout = uniform((size_t)N * C, 23);
+        std::vector<float> out((size_t)N * C), mean(N), rstd(N);
+        knngpt::cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                                       N, C);
+        std::vector<float> dinp = uniform((size_t)N * C, 24), dweight = uniform(C, 25), dbias = uniform(C, 26);
+
+        // both sides start from the CPU's mean and rstd, so only the backward is compared
+        DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout), d_mean(mean), d_rstd(rstd);
+        DeviceArray<float> d_dinp(dinp), d_dweight(dweight), d_dbias(dbias);
+        for (int pass = 0; pass < 2; pass++) {
+            knngpt::cpu::layernorm_backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                                            weight.data(), mean.data(), rstd.data(), N, C);
+            knngpt::cuda::layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_dout.ptr, d_inp.ptr,
+                                             d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C);
+        }
+        expect_close(d_dinp.to_host(), dinp, "dinp");
+        expect_close(d_dweight.to_host(), dweight, "dweight");
+        expect_close(d_dbias.to_host(), dbias, "dbias");
+    }
+}
+
+}  // namespace
