@@ -1,0 +1,55 @@
+// kernels/cuda/adamw.cuh — AdamW step with decoupled weight decay, fp32.
+// Twin of kernels/cpu/adamw.h.
+//
+//   for i < N:
+//     g       = grads[i] * grad_scale
+//     m[i]    = beta1 m[i] + (1 - beta1) g
+//     v[i]    = beta2 v[i] + (1 - beta2) g^2
+//     mhat    = m[i] / (1 - beta1^t),   vhat = v[i] / (1 - beta2^t)      (t >= 1)
+//     params[i] -= lr (mhat / (sqrt(vhat) + eps) + weight_decay params[i])
+//
+// Shapes: params, grads, m, v all (N), device pointers; m and v updated in place.
+//
+// Design: one thread per element; the two bias corrections are computed once
+// on the host, exactly as the twin does, and passed in.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "kernels/cuda/common.cuh"
+
+namespace knngpt::cuda {
+
+constexpr int kAdamWThreads = 256;
+
+// ---- CUDA kernels -------------------------------------------------------------
+
+__global__ void adamw_update_kernel(float* params, const float* grads, float* m, float* v, size_t N, float lr,
+                                    float beta1, float beta2, float eps, float weight_decay,
+                                    float beta1_correction, float beta2_correction, float grad_scale) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    const float g = grads[i] * grad_scale;
+    const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
+    const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = m_i;
+    v[i] = v_i;
+    const float m_hat = m_i / beta1_correction;
+    const float v_hat = v_i / beta2_correction;
+    params[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i]);
+}
+
+// ---- host launchers -----------------------------------------------------------
+
+inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t N, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, int t, float grad_scale) {
+    if (N == 0) return;
+    const float beta1_correction = 1.0f - (float)std::pow((double)beta1, t);
+    const float beta2_correction = 1.0f - (float)std::pow((double)beta2, t);
+    const unsigned blocks = (unsigned)ceil_div(N, (size_t)kAdamWThreads);
+    launch(adamw_update_kernel, blocks, kAdamWThreads, 0, nullptr, params, grads, m, v, N, lr, beta1, beta2, eps,
+           weight_decay, beta1_correction, beta2_correction, grad_scale);
+}
+
+}  // namespace knngpt::cuda

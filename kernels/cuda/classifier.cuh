@@ -1,0 +1,91 @@
+// kernels/cuda/classifier.cuh — fused softmax + cross-entropy over a padded vocabulary, fp32.
+// Twin of kernels/cpu/classifier.h.
+//
+//   forward:  losses[n] = logsumexp_{j<V} logits[n,j] - logits[n, targets[n]]
+//   backward: dlogits[n,j] = (softmax_{j<V}(logits[n,:])_j - [j == targets[n]]) dloss   for j < V
+//             dlogits[n,j] = 0                                                          for V <= j < Vp
+//
+// Shapes: logits/dlogits (N, Vp), targets (N), losses (N); device pointers.
+// The padding columns V..Vp-1 never enter the softmax. Backward WRITES dlogits
+// (=, not +=), and dlogits may alias logits.
+//
+// Design: one warp per row, two passes for the row statistics (max, then
+// sum of exp(x - max)) with warp_reduce_max / warp_reduce_sum. In backward the
+// whole warp has finished both reductions (the shuffles synchronise it) before
+// any lane writes, and each lane then overwrites only the elements it reads
+// itself, so the in-place call is safe.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+
+#include "kernels/cuda/common.cuh"
+
+namespace knngpt::cuda {
+
+constexpr int kClassifierThreads = 256;  // 8 warps, 8 rows per block
+
+// ---- CUDA kernels -------------------------------------------------------------
+
+// max_{j<V} row[j] and sum_{j<V} exp(row[j] - max), reduced over the warp; every lane gets both.
+__device__ __forceinline__ void warp_softmax_row_stats(const float* row, int V, int lane_id, float* row_max,
+                                                       float* exp_sum) {
+    float m = -INFINITY;
+    for (int j = lane_id; j < V; j += 32) m = fmaxf(m, row[j]);
+    m = warp_reduce_max(m);
+    float sum = 0.0f;
+    for (int j = lane_id; j < V; j += 32) sum += expf(row[j] - m);
+    *row_max = m;
+    *exp_sum = warp_reduce_sum(sum);
+}
+
+__global__ void crossentropy_forward_kernel(float* losses, const float* logits, const int* targets, int N, int V,
+                                            int Vp) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_id = threadIdx.x / 32;
+    const int n = blockIdx.x * (blockDim.x / 32) + warp_id;
+    if (n >= N) return;  // whole warps leave together
+    const float* row = logits + (size_t)n * Vp;
+    float row_max, exp_sum;
+    warp_softmax_row_stats(row, V, lane_id, &row_max, &exp_sum);
+    if (lane_id == 0) losses[n] = row_max + logf(exp_sum) - row[targets[n]];
+}
+
+__global__ void crossentropy_softmax_backward_kernel(float* dlogits, const float* logits, const int* targets,
+                                                     float dloss, int N, int V, int Vp) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_id = threadIdx.x / 32;
+    const int n = blockIdx.x * (blockDim.x / 32) + warp_id;
+    if (n >= N) return;
+    const float* row = logits + (size_t)n * Vp;
+    float* drow = dlogits + (size_t)n * Vp;
+    float row_max, exp_sum;
+    warp_softmax_row_stats(row, V, lane_id, &row_max, &exp_sum);
+    const float inv_sum = 1.0f / exp_sum;
+    const int target = targets[n];
+    for (int j = lane_id; j < V; j += 32) {
+        const float prob = expf(row[j] - row_max) * inv_sum;
+        const float indicator = j == target ? 1.0f : 0.0f;
+        drow[j] = (prob - indicator) * dloss;
+    }
+    for (int j = V + lane_id; j < Vp; j += 32) drow[j] = 0.0f;
+}
+
+// ---- host launchers -----------------------------------------------------------
+
+inline void crossentropy_forward(float* losses, const float* logits, const int* targets, int N, int V, int Vp) {
+    if (N == 0) return;
+    const int rows_per_block = kClassifierThreads / 32;
+    launch(crossentropy_forward_kernel, ceil_div(N, rows_per_block), kClassifierThreads, 0, nullptr, losses, logits,
+           targets, N, V, Vp);
+}
+
+inline void crossentropy_softmax_backward(float* dlogits, const float* logits, const int* targets, float dloss,
+                                          int N, int V, int Vp) {
+    if (N == 0) return;
+    const int rows_per_block = kClassifierThreads / 32;
+    launch(crossentropy_softmax_backward_kernel, ceil_div(N, rows_per_block), kClassifierThreads, 0, nullptr,
+           dlogits, logits, targets, dloss, N, V, Vp);
+}
+
+}  // namespace knngpt::cuda

@@ -1,0 +1,189 @@
+// tests/test_cuda_kernels_2.cpp — the fp32 CUDA kernels of kernels/cuda for the
+// optimizer and the loss (adamw, global_norm, classifier) run under the
+// emulator against their CPU twins in kernels/cpu. Shapes are deliberately not
+// multiples of any block size (N = 300 elements, 13 rows, V = 50 padded to
+// Vp = 64), so every partial block, idle warp and tail guard is exercised.
+//
+// Tolerance: 1e-5, relative to the largest reference entry (max_rel_error).
+// Both sides are fp32 (global_norm: double) and differ only in summation order
+// (warp butterflies, block trees against sequential loops) and in exp (expf
+// against exp_vectorizable, a few ulp apart); over at most 50 O(1) terms
+// per row that stays far under 1e-5.
+#define KNNGPT_CUDA_EMU
+
+#include "kernels/cuda/common.cuh"
+
+#include <set>
+#include <string>
+
+// Record the name of every kernel launched, then launch as common.cuh does.
+// Defined before the kernel headers so that their launchers use it.
+namespace {
+std::set<std::string>& launched_kernels() {
+    static std::set<std::string> names;
+    return names;
+}
+}  // namespace
+#undef launch
+#define launch(...)                                                                     \
+    (launched_kernels().insert(::knngpt::emu::kernel_name(#__VA_ARGS__)),               \
+     ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__))
+
+#include "kernels/cuda/adamw.cuh"
+#include "kernels/cuda/classifier.cuh"
+#include "kernels/cuda/global_norm.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/adamw.h"
+#include "kernels/cpu/classifier.h"
+#include "kernels/cpu/global_norm.h"
+#include "tests/test_util.h"
+
+using knngpt_test::max_rel_error;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+// Prints the count once every test has run.
+class LaunchCountReport : public testing::Environment {
+public:
+    void TearDown() override {
+        std::printf("cuda kernels run under emulation: %zu\n", launched_kernels().size());
+    }
+};
+testing::Environment* const launch_count_report = testing::AddGlobalTestEnvironment(new LaunchCountReport);
+
+// A cudaMalloc'd array that frees itself.
+template <typename T>
+struct DeviceArray {
+    T* ptr = nullptr;
+    size_t count = 0;
+
+    explicit DeviceArray(const std::vector<T>& host) : count(host.size()) {
+        CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(T)));
+        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    ~DeviceArray() { cudaFree(ptr); }
+
+    std::vector<T> to_host() const {
+        std::vector<T> host(count);
+        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+        return host;
+    }
+};
+
+std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> value(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = value(rng);
+    return v;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
+}
+
+constexpr size_t kN = 300;
+
+// ---- adamw --------------------------------------------------------------------
+
+TEST(CudaAdamW, ThreeStepsMatchCpu) {
+    std::vector<float> params = uniform(kN, 1), m(kN, 0.0f), v(kN, 0.0f);
+    DeviceArray<float> d_params(params), d_m(m), d_v(v);
+    const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 0.5f;
+    for (int t = 1; t <= 3; t++) {
+        const std::vector<float> grads = uniform(kN, 10 + t);
+        DeviceArray<float> d_grads(grads);
+        knngpt::cpu::adamw_update(params.data(), grads.data(), m.data(), v.data(), kN, lr, beta1, beta2, eps,
+                                  weight_decay, t, grad_scale);
+        knngpt::cuda::adamw_update(d_params.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, kN, lr, beta1, beta2, eps,
+                                   weight_decay, t, grad_scale);
+    }
+    expect_close(d_params.to_host(), params, "params");
+    expect_close(d_m.to_host(), m, "m");
+    expect_close(d_v.to_host(), v, "v");
+}
+
+// ---- global_norm --------------------------------------------------------------
+
+TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
+    // 300 fits in two blocks; 300000 needs the grid-stride loop (over the block cap)
+    for (size_t N : {kN, (size_t)300000}) {
+        SCOPED_TRACE("N=" + std::to_string(N));
+        const std::vector<float> x = uniform(N, 20, -2.0f, 2.0f);
+        const double want = knngpt::cpu::global_norm_squared(x.data(), N);
+        DeviceArray<float> d_x(x);
+        const double got = knngpt::cuda::global_norm_squared(d_x.ptr, N);
+        EXPECT_LE(std::fabs(got - want), kTolerance * want);
+        EXPECT_EQ(knngpt::cuda::global_norm_squared(d_x.ptr, N), got);
+    }
+    float* empty = nullptr;
+    EXPECT_EQ(knngpt::cuda::global_norm_squared(empty, 0), 0.0);
+}
+
+// ---- classifier ---------------------------------------------------------------
+
+constexpr int kRows = 13, kV = 50, kVp = 64;
+
+std::vector<int> targets(unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> id(0, kV - 1);
+    std::vector<int> v(kRows);
+    for (int& x : v) x = id(rng);
+    v[0] = kV - 1;  // the last real column
+    return v;
+}
+
+// Logits with the padding columns set to a huge value: they must never enter the softmax.
+std::vector<float> padded_logits(unsigned seed) {
+    std::vector<float> logits = uniform((size_t)kRows * kVp, seed, -4.0f, 4.0f);
+    for (int n = 0; n < kRows; n++)
+        for (int j = kV; j < kVp; j++) logits[(size_t)n * kVp + j] = 1e4f;
+    return logits;
+}
+
+TEST(CudaClassifier, ForwardMatchesCpu) {
+    const std::vector<float> logits = padded_logits(30);
+    const std::vector<int> tgt = targets(31);
+    std::vector<float> want(kRows);
+    knngpt::cpu::crossentropy_forward(want.data(), logits.data(), tgt.data(), kRows, kV, kVp);
+
+    DeviceArray<float> d_logits(logits), d_losses(std::vector<float>(kRows, -7.0f));
+    DeviceArray<int> d_tgt(tgt);
+    knngpt::cuda::crossentropy_forward(d_losses.ptr, d_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
+    expect_close(d_losses.to_host(), want, "losses");
+}
+
+TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
+    const std::vector<float> logits = padded_logits(32);
+    const std::vector<int> tgt = targets(33);
+    const float dloss = 1.0f / kRows;
+    std::vector<float> want(logits.size());
+    knngpt::cpu::crossentropy_softmax_backward(want.data(), logits.data(), tgt.data(), dloss, kRows, kV, kVp);
+
+    DeviceArray<int> d_tgt(tgt);
+    DeviceArray<float> d_logits(logits), d_dlogits(std::vector<float>(logits.size(), -7.0f));
+    knngpt::cuda::crossentropy_softmax_backward(d_dlogits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
+    const std::vector<float> out_of_place = d_dlogits.to_host();
+    expect_close(out_of_place, want, "dlogits");
+    for (int n = 0; n < kRows; n++)
+        for (int j = kV; j < kVp; j++) EXPECT_EQ(out_of_place[(size_t)n * kVp + j], 0.0f) << n << "," << j;
+
+    // in place: dlogits is logits
+    DeviceArray<float> d_inplace(logits);
+    knngpt::cuda::crossentropy_softmax_backward(d_inplace.ptr, d_inplace.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
+    EXPECT_EQ(d_inplace.to_host(), out_of_place);
+}
+
+}  // namespace
