@@ -43,7 +43,7 @@ train_gpt_cpu: train/train_gpt.cpp $(HEADERS)
 prepare_data: data/prepare_data.cpp $(HEADERS)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.cpp $(HEADERS) tests/test_util.h tests/attention_test_util.h
+$(BUILD)/tests/%: tests/%.cpp $(HEADERS) tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
 

@@ -9,6 +9,9 @@
 // over at most T = 37 O(1) terms.
 #define KNNGPT_CUDA_EMU
 
+#include "kernels/cuda/common.cuh"
+#include "tests/cuda_test_util.h"
+
 #include "kernels/cuda/attention.cuh"
 
 #include <gtest/gtest.h>
@@ -19,36 +22,13 @@
 #include "kernels/cpu/attention.h"
 #include "tests/test_util.h"
 
+using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
+using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
-
-std::vector<float> uniform(size_t n, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-    std::vector<float> x(n);
-    for (float& v : x) v = value(rng);
-    return x;
-}
-
-struct DeviceArray {
-    float* ptr = nullptr;
-    size_t count = 0;
-    explicit DeviceArray(const std::vector<float>& host) : count(host.size()) {
-        CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(float)));
-        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(ptr); }
-    std::vector<float> to_host() const {
-        std::vector<float> host(count);
-        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(float), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
 
 void check_attention(int B, int T, int C, int NH, unsigned seed) {
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
@@ -60,12 +40,12 @@ void check_attention(int B, int T, int C, int NH, unsigned seed) {
     std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv, 0.0f);
     knngpt::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
 
-    DeviceArray d_qkv(qkv), d_out(std::vector<float>(n_out, 0.0f)), d_lse(std::vector<float>(n_lse, 0.0f));
+    DeviceArray<float> d_qkv(qkv), d_out(std::vector<float>(n_out, 0.0f)), d_lse(std::vector<float>(n_lse, 0.0f));
     knngpt::cuda::attention_forward(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH);
     EXPECT_LT(max_rel_error(d_out.to_host().data(), out.data(), n_out), kTolerance);
     EXPECT_LT(max_rel_error(d_lse.to_host().data(), lse.data(), n_lse), kTolerance);
 
-    DeviceArray d_dout(dout), d_dqkv(dqkv);
+    DeviceArray<float> d_dout(dout), d_dqkv(dqkv);
     for (int pass = 1; pass <= 2; pass++) {
         knngpt::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
         knngpt::cuda::attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);

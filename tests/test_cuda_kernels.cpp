@@ -13,22 +13,7 @@
 #define KNNGPT_CUDA_EMU
 
 #include "kernels/cuda/common.cuh"
-
-#include <set>
-#include <string>
-
-// Record the name of every kernel launched, then launch as common.cuh does.
-// Defined before the kernel headers so that their launchers use it.
-namespace {
-std::set<std::string>& launched_kernels() {
-    static std::set<std::string> names;
-    return names;
-}
-}  // namespace
-#undef launch
-#define launch(...)                                                                     \
-    (launched_kernels().insert(::knngpt::emu::kernel_name(#__VA_ARGS__)),               \
-     ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__))
+#include "tests/cuda_test_util.h"
 
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
@@ -47,49 +32,13 @@ std::set<std::string>& launched_kernels() {
 #include "kernels/cpu/residual.h"
 #include "tests/test_util.h"
 
+using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
+using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
-
-// Prints the count once every test has run.
-class LaunchCountReport : public testing::Environment {
-public:
-    void TearDown() override {
-        std::printf("cuda kernels run under emulation: %zu\n", launched_kernels().size());
-    }
-};
-testing::Environment* const launch_count_report = testing::AddGlobalTestEnvironment(new LaunchCountReport);
-
-// A cudaMalloc'd array that frees itself.
-template <typename T>
-struct DeviceArray {
-    T* ptr = nullptr;
-    size_t count = 0;
-
-    explicit DeviceArray(const std::vector<T>& host) : count(host.size()) {
-        CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(T)));
-        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(ptr); }
-
-    std::vector<T> to_host() const {
-        std::vector<T> host(count);
-        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
-
-std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> value(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = value(rng);
-    return v;
-}
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
     ASSERT_EQ(got.size(), want.size()) << what;

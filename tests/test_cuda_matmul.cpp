@@ -8,6 +8,9 @@
 // sums of at most 33 O(1) products, differing only in summation order.
 #define KNNGPT_CUDA_EMU
 
+#include "kernels/cuda/common.cuh"
+#include "tests/cuda_test_util.h"
+
 #include "kernels/cuda/matmul.cuh"
 
 #include <gtest/gtest.h>
@@ -18,39 +21,14 @@
 #include "kernels/cpu/matmul.h"
 #include "tests/test_util.h"
 
+using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
+using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
 constexpr int kN = 19, kC = 24, kOC = 33;
-
-struct DeviceArray {
-    float* ptr = nullptr;
-    size_t count = 0;
-
-    explicit DeviceArray(const std::vector<float>& host) : count(host.size()) {
-        CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(float)));
-        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(float), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(ptr); }
-
-    std::vector<float> to_host() const {
-        std::vector<float> host(count);
-        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(float), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
-
-std::vector<float> uniform(size_t n, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> value(-1.0f, 1.0f);
-    std::vector<float> v(n);
-    for (float& x : v) x = value(rng);
-    return v;
-}
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
     ASSERT_EQ(got.size(), want.size()) << what;
@@ -60,11 +38,11 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 TEST(CudaMatmul, ForwardMatchesCpuLoops) {
     const std::vector<float> inp = uniform((size_t)kN * kC, 1), weight = uniform((size_t)kOC * kC, 2),
                              bias = uniform(kOC, 3);
-    DeviceArray d_inp(inp), d_weight(weight), d_bias(bias);
+    DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
     for (bool with_bias : {true, false}) {
         SCOPED_TRACE(with_bias ? "with bias" : "without bias");
         std::vector<float> want((size_t)kN * kOC, 0.0f);
-        DeviceArray d_out(std::vector<float>(want.size(), 7.0f));  // forward overwrites
+        DeviceArray<float> d_out(std::vector<float>(want.size(), 7.0f));  // forward overwrites
         knngpt::cpu::matmul_forward_loops(want.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr,
                                           kN, kC, kOC);
         knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, kN, kC,
@@ -76,14 +54,14 @@ TEST(CudaMatmul, ForwardMatchesCpuLoops) {
 TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
     const std::vector<float> inp = uniform((size_t)kN * kC, 4), weight = uniform((size_t)kOC * kC, 5),
                              dout = uniform((size_t)kN * kOC, 6);
-    DeviceArray d_inp(inp), d_weight(weight), d_dout(dout);
+    DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
     for (bool with_dbias : {true, false}) {
         SCOPED_TRACE(with_dbias ? "with dbias" : "without dbias");
         // nonzero starting gradients, so += is visible
         std::vector<float> dinp = uniform((size_t)kN * kC, 7), dweight = uniform((size_t)kOC * kC, 8),
                            dbias = uniform(kOC, 9);
         const std::vector<float> dbias_start = dbias;
-        DeviceArray d_dinp(dinp), d_dweight(dweight), d_dbias(dbias);
+        DeviceArray<float> d_dinp(dinp), d_dweight(dweight), d_dbias(dbias);
         for (int pass = 0; pass < 2; pass++) {
             knngpt::cpu::matmul_backward_loops(dinp.data(), dweight.data(), with_dbias ? dbias.data() : nullptr,
                                                dout.data(), inp.data(), weight.data(), kN, kC, kOC);
