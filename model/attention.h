@@ -24,12 +24,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/common/attention_params.h"
 #include "model/backend.h"
 
 namespace knngpt {
 
-enum class AttnMode { Exact, Knn, KnnTail, Gumbel, Kmv };
-enum class AttnGrad { Exact, Sampled };
 enum class AttnGradSource { Auto, ExactRow, LazyGumbel };
 
 struct AttnConfig {
@@ -128,6 +127,9 @@ inline void validate_attn_config(const AttnConfig& a) {
                                  "not lsh");
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
         throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
+    // what this build's kernels cover (the CPU backend: everything)
+    std::string unsupported = ops::attention_unsupported(a.mode, a.index, a.grad);
+    if (!unsupported.empty()) throw std::runtime_error(unsupported);
 }
 
 // One line for run headers and logs.
@@ -162,14 +164,12 @@ struct AttnScratch {
 };
 
 // The top-k lists (rows of k) and the first k slots of K-slot key lists, both
-// ways. (Host loops: the CPU backend's memory is host memory.)
+// ways: a strided copy of k columns, done by the backend (its memory).
 inline void topk_into_lists(int* lists, int K, const int* topk, int k, size_t rows) {
-    for (size_t row = 0; row < rows; row++)
-        for (int s = 0; s < k; s++) lists[row * K + s] = topk[row * k + s];
+    ops::copy_columns(lists, K, topk, k, k, rows);
 }
 inline void topk_from_lists(int* topk, int k, const int* lists, int K, size_t rows) {
-    for (size_t row = 0; row < rows; row++)
-        for (int s = 0; s < k; s++) topk[row * k + s] = lists[row * K + s];
+    ops::copy_columns(topk, k, lists, K, k, rows);
 }
 
 inline ops::LshParams lsh_params(const AttnConfig& a, int layer) {

@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
+
+#include "kernels/common/attention_params.h"
 
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
@@ -41,5 +44,17 @@ inline void device_free(void* p) { std::free(p); }
 inline void device_zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 inline void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 inline void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+
+// Copies `width` ints from each of `rows` rows of src (row stride src_stride)
+// into the rows of dst (row stride dst_stride).
+inline void copy_columns(int* dst, size_t dst_stride, const int* src, size_t src_stride, int width, size_t rows) {
+    for (size_t row = 0; row < rows; row++) std::memcpy(dst + row * dst_stride, src + row * src_stride, width * sizeof(int));
+}
+
+// Peak FLOP/s the MFU figure is measured against; 0: unknown, no MFU printed.
+inline double device_peak_flops() { return 0.0; }
+
+// Every attention mode, index and gradient has a CPU kernel: nothing to refuse.
+inline std::string attention_unsupported(AttnMode, TopkIndex, AttnGrad) { return ""; }
 
 }  // namespace knngpt::cpu

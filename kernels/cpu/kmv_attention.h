@@ -94,20 +94,13 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/common/attention_params.h"
 #include "kernels/common/philox.h"
 #include "kernels/cpu/attention.h"
 
 namespace knngpt::cpu {
 
-struct KmvParams {
-    int num_tables = 8;      // LSH tables (L)
-    int num_bits = 6;        // hash functions concatenated per table
-    int light_samples = 16;  // m, light samples per estimated row
-    float heavy_alpha = 1.0f / 3;  // heavy threshold K_ij >= n_i^-alpha
-    uint64_t seed = 1;
-    uint32_t step = 0;
-    int layer = 0;
-};
+using knngpt::KmvParams;
 
 // Counts over the rows with n_i > max_keys (exact rows are not counted).
 struct KmvStats {

@@ -48,13 +48,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/attention_params.h"
 #include "kernels/common/philox.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
 
 namespace knngpt::cpu {
 
-enum class GradSampleSource { ExactRow, LazyGumbel };
+using knngpt::GradSampleSource;
 
 // First DRAW_GRADIENT_SAMPLE index of the signed-start walk starts.
 constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;

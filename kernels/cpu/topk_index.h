@@ -91,24 +91,18 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/common/attention_params.h"
 #include "kernels/common/philox.h"
 
 namespace knngpt::cpu {
 
-enum class TopkIndex { Brute, Block, Lsh };
+using knngpt::TopkIndex;
+using knngpt::LshParams;
 
 struct TopkStats {
     long long scores_computed = 0;
     long long blocks_visited = 0;
     long long blocks_total = 0;
-};
-
-struct LshParams {
-    int num_bits = 8;    // hyperplanes per table, 0..16 (2^num_bits buckets)
-    int num_tables = 4;  // >= 1
-    uint64_t seed = 1;
-    uint32_t step = 0;
-    int layer = 0;
 };
 
 constexpr int kTopkLanes = 8;        // keys per panel chunk: one vector of fp32 scores
