@@ -13,6 +13,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -164,6 +165,23 @@ inline cudaError_t cudaGetDevice(int* device) {
 
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 
+// The fields of cudaDeviceProp the project reads. The emulated device names
+// itself and reports compute capability 0.0, which no peak-FLOP table matches.
+struct cudaDeviceProp {
+    char name[256];
+    int major, minor;
+    int multiProcessorCount;
+    size_t totalGlobalMem;
+    int clockRate;  // kHz
+};
+
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+    if (!prop || device != 0) return knngpt::emu::detail::record_error(cudaErrorInvalidValue);
+    *prop = cudaDeviceProp{};
+    std::snprintf(prop->name, sizeof(prop->name), "%s", "knngpt CUDA emulator (CPU)");
+    return cudaSuccess;
+}
+
 // ---- memory -----------------------------------------------------------------
 
 // 256-byte aligned like cudaMalloc. A size the host cannot provide returns
@@ -223,6 +241,24 @@ inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemc
     cudaError_t status = check_copy(dst, src, bytes, kind);
     if (status != cudaSuccess) return record_error(status);
     if (bytes) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+// Copies `height` rows of `width` bytes between pitched 2-D layouts.
+inline cudaError_t cudaMemcpy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                                size_t height, cudaMemcpyKind kind) {
+    using namespace knngpt::emu::detail;
+    if (height == 0 || width == 0) return cudaSuccess;
+    if (width > dst_pitch || width > src_pitch) return record_error(cudaErrorInvalidValue);
+    // the whole span of each side must lie in one allocation when it is on the device
+    cudaError_t status = check_copy(dst, src, 0, kind);
+    if (status != cudaSuccess) return record_error(status);
+    bool device_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool device_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (device_dst && !is_device_range(dst, dst_pitch * (height - 1) + width)) return record_error(cudaErrorInvalidValue);
+    if (device_src && !is_device_range(src, src_pitch * (height - 1) + width)) return record_error(cudaErrorInvalidValue);
+    for (size_t row = 0; row < height; row++)
+        std::memmove((char*)dst + row * dst_pitch, (const char*)src + row * src_pitch, width);
     return cudaSuccess;
 }
 
