@@ -10,6 +10,7 @@
 //   KNNGPT_DYNAMIC_SHARED(type, name)     inside a kernel: `type* name` at the block's dynamic
 //                                         shared memory
 //   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
+//   attention_row(warp, T, NH)            the (b, h, t) of a warp that owns one row of (B, NH, T)
 //   ceil_div(a, b)
 // Kernels launch only through launch(...), never with a raw <<<>>>.
 #pragma once
@@ -59,6 +60,19 @@ __device__ __forceinline__ float warp_reduce_sum(float value) {
 __device__ __forceinline__ float warp_reduce_max(float value) {
     for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
     return value;
+}
+
+// The attention kernels that give one warp one row of (B, NH, T): which
+// (b, h, row t) a flat warp index over B*NH*T names.
+struct AttentionRow {
+    int b, h, t;
+};
+__device__ __forceinline__ AttentionRow attention_row(int warp_index, int T, int NH) {
+    AttentionRow r;
+    r.t = warp_index % T;
+    r.h = (warp_index / T) % NH;
+    r.b = warp_index / (T * NH);
+    return r;
 }
 
 template <typename A, typename B>
