@@ -1,0 +1,188 @@
+// kernels/cuda/sparse_attention.cuh — softmax attention over per-query key lists
+// with log-weights, fp32. Twin of kernels/cpu/sparse_attention.h (same formulas,
+// shapes and layout; see its header comment):
+//   a_t = tau q_i . k_{j_t} + logw_t (j_t = idx[b,h,i,t], -1 slots skipped, logw may be nullptr),
+//   lse_i = log sum_t exp(a_t), P_t = exp(a_t - lse_i), o_i = sum_t P_t v_{j_t};
+//   a list with no valid slot gives o_i = 0, lse_i = -inf and no gradient.
+//
+// Shapes: qkv/dqkv (B, T, 3C); out/dout (B, T, C); lse (B, NH, T);
+// idx, logw (B, NH, T, K). HS = C / NH <= kSparseMaxHeadSize. Device pointers.
+// Backward recomputes P_t from lse and accumulates (+=) into dqkv.
+//
+// Design: one warp per (b, h, i), lanes striding over the head's channels (as in
+// attention.cuh), the slots of the list walked in order.
+//   forward   online softmax over the valid slots.
+//   backward  one kernel: the query's warp computes Delta_i = dO_i . o_i, then per
+//             slot dS_t = P_t (dO_i . v_j - Delta_i); dQ_i collects in registers and
+//             is added once, dK_j += tau dS_t q_i and dV_j += P_t dO_i go straight to
+//             dqkv with float atomicAdd, since any query may list any key. The order
+//             of those additions varies from run to run, so dK and dV are not
+//             bit-deterministic (they agree to fp32 rounding); dQ is.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/common.cuh"
+
+namespace knngpt::cuda {
+
+constexpr int kSparseThreads = 256;  // 8 warps, one query row each
+constexpr int kSparseMaxHeadSize = 256;
+constexpr int kSparseSlots = kSparseMaxHeadSize / 32;  // channels per lane
+
+// ---- CUDA kernels -------------------------------------------------------------
+
+__global__ void sparse_attention_forward_kernel(float* out, float* lse, const float* qkv, const int* idx,
+                                                const float* logw, int B, int T, int C, int NH, int K) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (warp_index >= B * NH * T) return;  // whole warps leave together
+    const AttentionRow row = attention_row(warp_index, T, NH);
+    const int i = row.t, h = row.h, b = row.b;
+    const int HS = C / NH;
+    const int C3 = 3 * C;
+    const float tau = rsqrtf((float)HS);
+    const float* head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+    const float* q = head + (size_t)i * C3;
+    const int* idx_row = idx + (size_t)warp_index * K;  // warp_index = (b * NH + h) * T + i
+    const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
+
+    float q_reg[kSparseSlots], o[kSparseSlots];
+    for (int s = 0; s < kSparseSlots; s++) {
+        const int c = lane_id + 32 * s;
+        q_reg[s] = c < HS ? q[c] : 0.0f;
+        o[s] = 0.0f;
+    }
+    // online softmax over the valid slots (m running max, l running sum, o unnormalised)
+    float m = -INFINITY, l = 0.0f;
+    for (int t = 0; t < K; t++) {
+        const int j = idx_row[t];
+        if (j < 0) continue;  // the same j for every lane: the warp stays together
+        const float* k = head + (size_t)j * C3 + C;
+        const float* v = head + (size_t)j * C3 + 2 * C;
+        float dot = 0.0f;
+        for (int s = 0; s < kSparseSlots; s++) {
+            const int c = lane_id + 32 * s;
+            if (c < HS) dot += q_reg[s] * k[c];
+        }
+        const float a = tau * warp_reduce_sum(dot) + (logw_row ? logw_row[t] : 0.0f);
+        const float m_new = fmaxf(m, a);
+        const float rescale = m == -INFINITY ? 0.0f : expf(m - m_new);
+        const float p = expf(a - m_new);
+        l = l * rescale + p;
+        for (int s = 0; s < kSparseSlots; s++) {
+            const int c = lane_id + 32 * s;
+            if (c < HS) o[s] = o[s] * rescale + p * v[c];
+        }
+        m = m_new;
+    }
+    float* y = out + ((size_t)b * T + i) * C + (size_t)h * HS;
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // an empty list: o stays 0
+    for (int s = 0; s < kSparseSlots; s++) {
+        const int c = lane_id + 32 * s;
+        if (c < HS) y[c] = o[s] * inv_l;
+    }
+    if (lane_id == 0) lse[warp_index] = l > 0.0f ? m + logf(l) : -INFINITY;
+}
+
+__global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                                 const float* lse, const int* idx, const float* logw, int B, int T,
+                                                 int C, int NH, int K) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (warp_index >= B * NH * T) return;
+    const float lse_i = lse[warp_index];
+    if (lse_i == -INFINITY) return;  // an empty list: no gradient
+    const AttentionRow row = attention_row(warp_index, T, NH);
+    const int i = row.t, h = row.h, b = row.b;
+    const int HS = C / NH;
+    const int C3 = 3 * C;
+    const float tau = rsqrtf((float)HS);
+    const size_t head = (size_t)b * T * C3 + (size_t)h * HS;
+    const float* q = qkv + head + (size_t)i * C3;
+    const size_t row_offset = ((size_t)b * T + i) * C + (size_t)h * HS;
+    const int* idx_row = idx + (size_t)warp_index * K;
+    const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
+
+    float q_reg[kSparseSlots], dy_reg[kSparseSlots], dq[kSparseSlots];
+    float delta = 0.0f;  // Delta_i = dO_i . o_i
+    for (int s = 0; s < kSparseSlots; s++) {
+        const int c = lane_id + 32 * s;
+        q_reg[s] = c < HS ? q[c] : 0.0f;
+        dy_reg[s] = c < HS ? dout[row_offset + c] : 0.0f;
+        if (c < HS) delta += dy_reg[s] * out[row_offset + c];
+        dq[s] = 0.0f;
+    }
+    delta = warp_reduce_sum(delta);
+
+    for (int t = 0; t < K; t++) {
+        const int j = idx_row[t];
+        if (j < 0) continue;
+        const float* k = qkv + head + (size_t)j * C3 + C;
+        const float* v = qkv + head + (size_t)j * C3 + 2 * C;
+        float qk = 0.0f, dp = 0.0f;
+        for (int s = 0; s < kSparseSlots; s++) {
+            const int c = lane_id + 32 * s;
+            if (c < HS) {
+                qk += q_reg[s] * k[c];
+                dp += dy_reg[s] * v[c];
+            }
+        }
+        qk = warp_reduce_sum(qk);
+        dp = warp_reduce_sum(dp);
+        const float p = expf(tau * qk + (logw_row ? logw_row[t] : 0.0f) - lse_i);  // P_t
+        const float ds_tau = tau * p * (dp - delta);                              // tau dS_t
+        float* dk = dqkv + head + (size_t)j * C3 + C;
+        float* dv = dqkv + head + (size_t)j * C3 + 2 * C;
+        for (int s = 0; s < kSparseSlots; s++) {
+            const int c = lane_id + 32 * s;
+            if (c < HS) {
+                dq[s] += ds_tau * k[c];
+                atomicAdd(&dk[c], ds_tau * q_reg[s]);
+                atomicAdd(&dv[c], p * dy_reg[s]);
+            }
+        }
+    }
+    float* dq_out = dqkv + head + (size_t)i * C3;
+    for (int s = 0; s < kSparseSlots; s++) {
+        const int c = lane_id + 32 * s;
+        if (c < HS) dq_out[c] += dq[s];
+    }
+}
+
+// ---- host launchers -----------------------------------------------------------
+
+inline void sparse_attention_check_shapes(int C, int NH, int K) {
+    if (NH < 1 || C % NH != 0 || C / NH > kSparseMaxHeadSize || K < 0) {
+        std::fprintf(stderr,
+                     "sparse_attention: need C %% NH == 0, head size <= %d and K >= 0 (got C=%d NH=%d K=%d)\n",
+                     kSparseMaxHeadSize, C, NH, K);
+        std::exit(1);
+    }
+}
+
+inline void sparse_attention_forward(float* out, float* lse, const float* qkv, const int* idx, const float* logw,
+                                     int B, int T, int C, int NH, int K) {
+    sparse_attention_check_shapes(C, NH, K);
+    const int rows = B * NH * T;
+    if (rows == 0) return;
+    const int rows_per_block = kSparseThreads / 32;
+    launch(sparse_attention_forward_kernel, ceil_div(rows, rows_per_block), kSparseThreads, 0, nullptr, out, lse,
+           qkv, idx, logw, B, T, C, NH, K);
+}
+
+inline void sparse_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                      const float* lse, const int* idx, const float* logw, int B, int T, int C,
+                                      int NH, int K) {
+    sparse_attention_check_shapes(C, NH, K);
+    const int rows = B * NH * T;
+    if (rows == 0) return;
+    const int rows_per_block = kSparseThreads / 32;
+    launch(sparse_attention_backward_kernel, ceil_div(rows, rows_per_block), kSparseThreads, 0, nullptr, dqkv, dout,
+           qkv, out, lse, idx, logw, B, T, C, NH, K);
+}
+
+}  // namespace knngpt::cuda
