@@ -1,8 +1,13 @@
-// tests/cuda_test_util.h — helpers shared by the tests that run kernels/cuda
-// under the emulator. Include it after kernels/cuda/common.cuh and BEFORE the
-// kernel headers: it redefines launch(...) to record the name of every kernel
-// launched (then launches as common.cuh does), and prints the count of
-// distinct kernels once every test has run.
+// tests/cuda_test_util.h — helpers shared by the tests of kernels/cuda. The
+// same test file builds two ways:
+//   g++  (make test)                       the kernels run under the CPU emulator;
+//   nvcc -DKNNGPT_CUDA_NATIVE (make test-native)  they run on the GPU, and every
+//        test is skipped, with the reason printed, where no device exists.
+// Include it after kernels/cuda/common.cuh and BEFORE the kernel headers: it
+// redefines launch(...) to record the name of every kernel launched (then
+// launches as common.cuh does), and prints the distinct kernels once every
+// test has run, on one line tools/run_tests.sh totals:
+//   cuda kernels run under emulation: N: name name ...     (or "natively")
 #pragma once
 #include <gtest/gtest.h>
 
@@ -16,17 +21,61 @@
 
 namespace knngpt_test {
 
+#if defined(KNNGPT_CUDA_EMU)
+constexpr const char* kCudaRunMode = "under emulation";
+#else
+constexpr const char* kCudaRunMode = "natively";
+#endif
+
 inline std::set<std::string>& launched_kernels() {
     static std::set<std::string> names;
     return names;
 }
 
-// Prints "cuda kernels run under emulation: N" once every test has run.
-class LaunchCountReport : public testing::Environment {
-  public:
-    void TearDown() override { std::printf("cuda kernels run under emulation: %zu\n", launched_kernels().size()); }
+// The kernel a launch(...) text names: its first argument, without template
+// arguments ("attention_kernel<64>, grid, ..." -> "attention_kernel").
+inline std::string launched_kernel_name(const char* launch_text) {
+    std::string name;
+    for (const char* c = launch_text; *c && *c != ',' && *c != '<'; c++)
+        if (*c != ' ' && *c != '\n' && *c != '\t') name += *c;
+    return name.empty() ? std::string("?") : name;
+}
+
+// Why native tests cannot run here ("" when a CUDA device exists, and always
+// under the emulator).
+inline const std::string& no_device_reason() {
+    static const std::string reason = [] {
+#if defined(KNNGPT_CUDA_EMU)
+        return std::string();
+#else
+        int devices = 0;
+        cudaError_t status = cudaGetDeviceCount(&devices);
+        if (status != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(status);
+        return devices == 0 ? std::string("no CUDA device") : std::string();
+#endif
+    }();
+    return reason;
+}
+
+// The parent of every TEST in these files: skips the test, printing the
+// reason, in a native build on a machine without a CUDA device.
+class CudaDeviceTest : public testing::Test {
+  protected:
+    void SetUp() override {
+        if (!no_device_reason().empty()) GTEST_SKIP() << "native CUDA test skipped: " << no_device_reason();
+    }
 };
-inline testing::Environment* const launch_count_report = testing::AddGlobalTestEnvironment(new LaunchCountReport);
+
+// Prints the kernels that ran once every test has.
+class CudaTestEnvironment : public testing::Environment {
+  public:
+    void TearDown() override {
+        std::printf("cuda kernels run %s: %zu:", kCudaRunMode, launched_kernels().size());
+        for (const std::string& name : launched_kernels()) std::printf(" %s", name.c_str());
+        std::printf("\n");
+    }
+};
+inline testing::Environment* const cuda_test_environment = testing::AddGlobalTestEnvironment(new CudaTestEnvironment);
 
 // A cudaMalloc'd array that frees itself.
 template <typename T>
@@ -59,7 +108,13 @@ inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, flo
 
 }  // namespace knngpt_test
 
+// TEST(...) in the kernel test files derives from CudaDeviceTest instead of
+// testing::Test (GoogleTest's own TEST with another parent class).
+#undef TEST
+#define TEST(suite, name) \
+    GTEST_TEST_(suite, name, ::knngpt_test::CudaDeviceTest, ::testing::internal::GetTypeId<::knngpt_test::CudaDeviceTest>())
+
 #undef launch
 #define launch(...)                                                                       \
-    (::knngpt_test::launched_kernels().insert(::knngpt::emu::kernel_name(#__VA_ARGS__)), \
+    (::knngpt_test::launched_kernels().insert(::knngpt_test::launched_kernel_name(#__VA_ARGS__)), \
      ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__))

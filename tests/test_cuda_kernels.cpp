@@ -10,7 +10,9 @@
 // atomics, striped partial sums against sequential loops) and in tanh (tanhf
 // against tanh_vectorizable, ~1e-7 apart), which for these O(1) values over at
 // most 40 terms stays within a few ulp, far under 1e-5.
+#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
 #define KNNGPT_CUDA_EMU
+#endif
 
 #include "kernels/cuda/common.cuh"
 #include "tests/cuda_test_util.h"

@@ -9,7 +9,9 @@
 // (warp butterflies, block trees against sequential loops) and in exp (expf
 // against exp_vectorizable, a few ulp apart); over at most 50 O(1) terms
 // per row that stays far under 1e-5.
+#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
 #define KNNGPT_CUDA_EMU
+#endif
 
 #include "kernels/cuda/common.cuh"
 #include "tests/cuda_test_util.h"

@@ -2,8 +2,13 @@
 # Runs each GoogleTest binary given as an argument and prints one closing line
 # "N passed, N failed, N skipped" over all of them. Exit status non-zero if any
 # test failed or a binary crashed.
+#
+# Binaries that test kernels/cuda print the kernels they launched
+# ("cuda kernels run under emulation: N: name ..." or "... natively: ...");
+# before the closing line this prints how many distinct kernels ran each way,
+# out of the __global__ kernels defined in kernels/cuda, and names any never run.
 passed=0; failed=0; skipped=0; crashed=0
-log=$(mktemp)
+log=$(mktemp); emulated=$(mktemp); native=$(mktemp)
 for bin in "$@"; do
   echo "== $bin"
   "$bin" > "$log" 2>&1
@@ -13,8 +18,22 @@ for bin in "$@"; do
   s=$(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$log")
   passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + s))
   if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then crashed=$((crashed + 1)); echo "!! $bin exited with status $rc"; fi
+  grep '^cuda kernels run under emulation: [0-9]*:' "$log" | cut -d: -f3 | tr ' ' '\n' | grep . >> "$emulated"
+  grep '^cuda kernels run natively: [0-9]*:' "$log" | cut -d: -f3 | tr ' ' '\n' | grep . >> "$native"
 done
-rm -f "$log"
+if [ -s "$emulated" ] || [ -s "$native" ]; then
+  defined=$(cat kernels/cuda/*.cuh | tr '\n' ' ' | grep -oE '__global__ +void +(__launch_bounds__\([^)]*\) +)?[A-Za-z0-9_]+' |
+    awk '{ print $NF }' | sort -u)
+  total=$(echo "$defined" | grep -c .)
+  for mode in "under emulation" natively; do
+    file=$emulated; [ "$mode" = natively ] && file=$native
+    [ -s "$file" ] || continue
+    ran=$(sort -u "$file" | grep -c .)
+    missing=$(echo "$defined" | while read -r k; do grep -qx "$k" "$file" || printf ' %s' "$k"; done)
+    echo "cuda kernels run $mode: $ran distinct of the $total defined in kernels/cuda${missing:+ (never run:$missing)}"
+  done
+fi
+rm -f "$log" "$emulated" "$native"
 [ $crashed -gt 0 ] && failed=$((failed + crashed))
 echo "$passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ]
