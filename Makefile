@@ -15,37 +15,69 @@ BLAS_LIBS ?= -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
 LDLIBS    += $(BLAS_LIBS) -lm
 GTEST_LIBS ?= -lgtest -lgtest_main -pthread
 
+# The CUDA build: the same sources through nvcc for sm_80 (A100) and sm_90
+# (H100/H200). Under the CPU emulator the CUDA sources build with $(CXX)
+# instead (EMU_FLAGS), which is how `make test` runs them without a GPU.
+NVCC       ?= nvcc
+CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCHS) -Xcompiler -fopenmp,-Wall -I.
+CUDA_LIBS  ?= -lcublasLt -lcublas -lgomp
+EMU_FLAGS  := -DKNNGPT_CUDA -DKNNGPT_CUDA_EMU
+NEED_NVCC   = @command -v $(NVCC) >/dev/null 2>&1 || { echo "make $@: $(NVCC) not found: install the CUDA toolkit (nvcc on PATH, or NVCC=/path/to/nvcc); the CPU trainer is make train_gpt_cpu"; exit 1; }
+
 BUILD     := build
 HEADERS   := $(wildcard model/*.h kernels/common/*.h kernels/cpu/*.h kernels/emu/*.h kernels/cuda/*.cuh data/*.h)
 TEST_SRCS := $(wildcard tests/test_*.cpp)
 TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
+# the kernel tests of kernels/cuda, built again with nvcc to run on a GPU
+NATIVE_TEST_SRCS := $(filter-out tests/test_cuda_trainer.cpp,$(wildcard tests/test_cuda_*.cpp))
+NATIVE_TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/native/%,$(NATIVE_TEST_SRCS))
+TEST_DEPS := tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h tests/trainer_test_util.h
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: all help test bench bench-train bench-attention clean reference
+.PHONY: all help test test-native native-test-bins bench bench-train bench-attention clean reference
 
 all: train_gpt_cpu prepare_data
 
 help:
 	@echo "knngpt targets:"
 	@echo "  make train_gpt_cpu   the CPU trainer (fp32, OpenMP + OpenBLAS)"
+	@echo "  make train_gpt       the CUDA trainer (nvcc, sm_80 + sm_90, fp32, cuBLASLt)"
 	@echo "  make prepare_data    text file -> llm.c token shards"
-	@echo "  make test           build and run every test (GoogleTest)"
+	@echo "  make test           build and run every test (GoogleTest); CUDA kernels under the emulator,"
+	@echo "                      and natively too where a GPU and nvcc exist"
+	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
-	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS"
+	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS"
 
 train_gpt_cpu: train/train_gpt.cpp $(HEADERS)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
+train_gpt: train/train_gpt.cpp $(HEADERS)
+	$(NEED_NVCC)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -o $@ $< $(CUDA_LIBS)
+
+# the CUDA trainer on the CPU emulator: the whole-model test runs it against train_gpt_cpu
+$(BUILD)/train_gpt_emu: train/train_gpt.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -o $@ $< $(LDLIBS)
+
 prepare_data: data/prepare_data.cpp $(HEADERS)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.cpp $(HEADERS) tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h
+$(BUILD)/tests/%: tests/%.cpp $(HEADERS) $(TEST_DEPS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
+
+$(BUILD)/native/%: tests/%.cpp $(HEADERS) $(TEST_DEPS)
+	$(NEED_NVCC)
+	@mkdir -p $(dir $@)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA_NATIVE -o $@ $< -L$(BLAS_DIR) -Xlinker -rpath,$(BLAS_DIR) -lopenblas \
+	  $(CUDA_LIBS) -lgtest -lgtest_main -lpthread
 
 # PyTorch reference tensors for the whole-model test; skipped (and the test
 # reports the skip) where Debian's python3-torch is not installed.
@@ -56,8 +88,19 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 	  $(PYTHON) tests/reference/gpt2_reference.py --out $(BUILD)/reference; \
 	else echo "python3-torch not found: PyTorch reference tests will be skipped"; fi
 
-test: $(TEST_BINS) train_gpt_cpu prepare_data reference
+# The native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
+# elsewhere make test says they were skipped and why.
+test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
+	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && command -v $(NVCC) >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory test-native; \
+	else echo "cuda kernels run natively: 0 (native CUDA tests skipped: no GPU here, nvidia-smi lists none; tools/gpu_check.sh runs them on a GPU machine)"; fi
+
+native-test-bins: $(NATIVE_TEST_BINS)
+
+test-native: $(NATIVE_TEST_BINS) train_gpt
+	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(NATIVE_TEST_BINS)
+	@KNNGPT_BUILD=$(BUILD) KNNGPT_CUDA_TRAINER=./train_gpt sh tools/run_tests.sh $(BUILD)/tests/test_cuda_trainer
 
 # the benchmark's baseline: the same trainer with plain-loop matmuls
 $(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(HEADERS)
@@ -77,4 +120,4 @@ bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv
 
 clean:
-	rm -rf $(BUILD) train_gpt_cpu prepare_data
+	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data

@@ -136,6 +136,14 @@ inline std::vector<float> gpt_random_init(const GPTConfig& c, uint64_t seed) {
     return params;
 }
 
+// Model FLOPs per trained token (forward + backward) at sequence length T, as
+// llm.c and PaLM count them for MFU: 6 per parameter, plus the attention
+// scores and weighted sums, 6·L·C·T (12·L·C·T halved by the causal mask).
+// Exact attention's count; the approximate modes are measured against it too.
+inline double gpt_flops_per_token(const GPTConfig& c, int T) {
+    return 6.0 * (double)count_parameters(c) + 6.0 * c.num_layers * c.channels * (double)T;
+}
+
 // ----------------------------------------------------------------------------
 // Activations for a batch of (B, T), all in one buffer. Per-layer tensors hold
 // L copies. Everything the backward pass reads is kept here.

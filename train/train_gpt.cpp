@@ -1,6 +1,7 @@
 // train/train_gpt.cpp — the knngpt trainer. One main for every backend: the
-// CPU build is train_gpt_cpu; the model and its ops come from model/ and the
-// backend chosen in model/backend.h.
+// CPU build is train_gpt_cpu, the CUDA build (-DKNNGPT_CUDA, nvcc) train_gpt,
+// and the CUDA build under the CPU emulator build/train_gpt_emu; the model and
+// its ops come from model/ and the backend chosen in model/backend.h.
 //
 // Flags follow llm.c's train_gpt2.cu where they mean the same thing (single
 // letters), with long names for the rest; `-h` lists them all.
@@ -74,7 +75,13 @@ struct Options {
     std::string attn_eval;               // --attn-eval
 };
 
-static const char* USAGE = R"(usage: train_gpt_cpu [options]
+#if defined(KNNGPT_CUDA)
+#define KNNGPT_PROGRAM "train_gpt"
+#else
+#define KNNGPT_PROGRAM "train_gpt_cpu"
+#endif
+
+static const char* USAGE = "usage: " KNNGPT_PROGRAM R"( [options]
 
 Data
   -i PATTERN       train token shards, a file or glob (default data/tinyshakespeare_train.bin)
@@ -535,6 +542,15 @@ static int run(const Options& o) {
     std::vector<int> val_inputs(inputs.size()), val_targets(targets.size());
     AdamWConfig opt{o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip};
     double total_ms = 0.0, last_train_loss = NAN, last_val_loss = NAN;
+    // MFU: model FLOPs of a step over the device's peak (printed where the peak is known)
+    const double peak_flops = ops::device_peak_flops();
+    const double flops_per_step = gpt_flops_per_token(cfg, o.T) * (double)total_batch;
+    auto mfu_text = [&](double ms) {
+        if (peak_flops <= 0.0 || ms <= 0.0) return std::string();
+        char buf[32];
+        snprintf(buf, sizeof(buf), " | mfu %.1f%%", 100.0 * flops_per_step / (ms / 1000.0) / peak_flops);
+        return std::string(buf);
+    };
     int timed_steps = 0;
     auto run_start = clock::now();
     if (o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
@@ -581,16 +597,18 @@ static int run(const Options& o) {
         last_train_loss = loss_sum / accum_steps;
         if (step > start_step) { total_ms += ms; timed_steps++; }  // the first step warms caches
         double mean_ms = timed_steps ? total_ms / timed_steps : ms;
-        printf("step %5d/%ld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | eta %s\n", step + 1,
-               train_steps, last_train_loss, lr, norm, ms, total_batch / (ms / 1000.0),
+        printf("step %5d/%ld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | eta %s\n", step + 1,
+               train_steps, last_train_loss, lr, norm, ms, total_batch / (ms / 1000.0), mfu_text(ms).c_str(),
                format_duration(mean_ms * (train_steps - step - 1) / 1000.0).c_str());
         if (log) fprintf(log, "s:%d trl:%f\n", step + 1, last_train_loss), fflush(log);
         if (!std::isfinite(last_train_loss)) die("loss is not finite at step " + std::to_string(step + 1));
     }
     double wall = std::chrono::duration<double>(clock::now() - run_start).count();
-    printf("done: %ld steps in %.1f s | mean %.1f ms/step | final train loss %.6f | val loss %.6f | perplexity %.4f\n",
-           train_steps - start_step, wall, timed_steps ? total_ms / timed_steps : 0.0, last_train_loss, last_val_loss,
-           std::exp(last_val_loss));
+    const double mean_ms = timed_steps ? total_ms / timed_steps : 0.0;
+    printf("done: %ld steps in %.1f s | mean %.1f ms/step | %.0f tok/s%s | final train loss %.6f | val loss %.6f | "
+           "perplexity %.4f\n",
+           train_steps - start_step, wall, mean_ms, mean_ms > 0 ? total_batch / (mean_ms / 1000.0) : 0.0,
+           mfu_text(mean_ms).c_str(), last_train_loss, last_val_loss, std::exp(last_val_loss));
     if (log) fclose(log);
     return 0;
 }

@@ -1,0 +1,139 @@
+// kernels/cuda/backend.cuh — the CUDA backend: every op the model calls, plus
+// the memory functions that let model/ stay backend-neutral. Twin of
+// kernels/cpu/backend.h, with the same names and argument order; model/backend.h
+// selects it when KNNGPT_CUDA is defined.
+//
+// Built two ways (kernels/cuda/common.cuh): with nvcc for a GPU (train_gpt), or
+// with g++ and -DKNNGPT_CUDA_EMU for the CPU emulator (build/train_gpt_emu, the
+// whole-model test). Pointers the model hands to these ops are device pointers.
+//
+// Precision: fp32 throughout (parameters, activations, matmuls with
+// CUBLAS_COMPUTE_32F), so a step equals train_gpt_cpu's up to summation order.
+//
+// Attention coverage: exact attention (tiled, flash style) and the key-list
+// modes knn and knn-tail with the brute top-k index and exact gradients have
+// CUDA kernels. The block and lsh indices, gumbel, kmv and the sampled
+// backward exist on the CPU only; attention_unsupported() names what is
+// missing, so a run asking for them stops at start-up with one line.
+#pragma once
+#include <cstddef>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/common/attention_params.h"
+#include "kernels/cuda/common.cuh"
+
+#include "kernels/cuda/adamw.cuh"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/classifier.cuh"
+#include "kernels/cuda/encoder.cuh"
+#include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/global_norm.cuh"
+#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/residual.cuh"
+#include "kernels/cuda/sparse_attention.cuh"
+#include "kernels/cuda/tail_sampling.cuh"
+#include "kernels/cuda/topk_index.cuh"
+
+namespace knngpt::cuda {
+
+using knngpt::GradSampleSource;
+using knngpt::KmvParams;
+using knngpt::LshParams;
+using knngpt::TopkIndex;
+
+#if defined(KNNGPT_CUDA_EMU)
+constexpr const char* BACKEND_NAME = "cuda (fp32) under the CPU emulator";
+#else
+constexpr const char* BACKEND_NAME = "cuda (fp32, cuBLASLt)";
+#endif
+
+// ---- memory -------------------------------------------------------------------
+
+template <class Tp>
+Tp* device_alloc(size_t count) {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, count ? count * sizeof(Tp) : sizeof(Tp)));
+    return static_cast<Tp*>(p);
+}
+inline void device_free(void* p) { CUDA_CHECK(cudaFree(p)); }
+inline void device_zero(void* p, size_t bytes) { CUDA_CHECK(cudaMemset(p, 0, bytes)); }
+inline void copy_to_device(void* dst, const void* src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+inline void copy_to_host(void* dst, const void* src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+// Copies `width` ints from each of `rows` rows of src (row stride src_stride)
+// into the rows of dst (row stride dst_stride), device to device.
+inline void copy_columns(int* dst, size_t dst_stride, const int* src, size_t src_stride, int width, size_t rows) {
+    CUDA_CHECK(cudaMemcpy2D(dst, dst_stride * sizeof(int), src, src_stride * sizeof(int), width * sizeof(int), rows,
+                            cudaMemcpyDeviceToDevice));
+}
+
+// ---- MFU ------------------------------------------------------------------------
+
+// Dense peak FLOP/s of the current device for fp32 math without tensor cores
+// (what CUBLAS_COMPUTE_32F and the fp32 kernels run on), from its name; 0 when
+// the device is not in the table (no MFU is printed then).
+inline double device_peak_flops() {
+    static double peak = -1.0;
+    if (peak >= 0.0) return peak;
+    int device = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    struct Entry {
+        const char* name;
+        double fp32_tflops;
+    };
+    // first match wins, so the more specific names come first
+    const Entry table[] = {{"H200", 66.9},     {"GH200", 66.9}, {"H100 PCIe", 51.2}, {"H100", 66.9},
+                           {"A100", 19.5},     {"L40S", 91.6},  {"RTX 4090", 82.6},  {"A10G", 31.2},
+                           {"RTX 3090", 35.6}, {"V100", 15.7}};
+    peak = 0.0;
+    for (const Entry& e : table)
+        if (std::strstr(prop.name, e.name)) {
+            peak = e.fp32_tflops * 1e12;
+            break;
+        }
+    return peak;
+}
+
+// ---- attention ops without a CUDA kernel yet ---------------------------------
+
+// One line naming what this build cannot run, or "" when it can.
+inline std::string attention_unsupported(AttnMode mode, TopkIndex index, AttnGrad grad) {
+    const std::string build = " is not available in the CUDA build yet (train_gpt_cpu has it)";
+    if (mode == AttnMode::Gumbel) return "--attn gumbel" + build;
+    if (mode == AttnMode::Kmv) return "--attn kmv" + build;
+    if (grad == AttnGrad::Sampled) return "--attn-grad sampled" + build;
+    if (mode != AttnMode::Exact && index != TopkIndex::Brute)
+        return std::string("--attn-index ") + (index == TopkIndex::Block ? "block" : "lsh") + build;
+    return "";
+}
+
+inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
+                        const LshParams&) {
+    if (index != TopkIndex::Brute) throw std::runtime_error(attention_unsupported(AttnMode::Knn, index, AttnGrad::Exact));
+    causal_topk_brute(idx, qkv, B, T, C, NH, k);
+}
+
+// The rest are refused by attention_unsupported() before a run starts; these
+// definitions only let the shared dispatch in model/attention.h compile.
+inline void gumbel_attention_forward(float*, const float*, const int*, int, int, int, int, int, int, int, uint64_t,
+                                     uint32_t, int) {
+    throw std::runtime_error(attention_unsupported(AttnMode::Gumbel, TopkIndex::Brute, AttnGrad::Sampled));
+}
+inline void kmv_select_keys(int*, float*, const float*, int, int, int, int, int, const KmvParams&) {
+    throw std::runtime_error(attention_unsupported(AttnMode::Kmv, TopkIndex::Brute, AttnGrad::Exact));
+}
+inline void sampled_attention_backward(float*, const float*, const float*, const float*, const int*, int, int, int,
+                                       int, int, int, GradSampleSource, bool, uint64_t, uint32_t, int) {
+    throw std::runtime_error(attention_unsupported(AttnMode::Exact, TopkIndex::Brute, AttnGrad::Sampled));
+}
+
+}  // namespace knngpt::cuda
