@@ -1,12 +1,30 @@
-// tests/test_cuda_matmul.cpp — kernels/cuda/matmul.cuh under the emulator
-// against the plain-loop twins of kernels/cpu/matmul.h (matmul_forward_loops,
-// matmul_backward_loops; not the sgemm path). Shapes N = 19, C = 24, OC = 33
-// are not multiples of 16 or 32, so the partial tiles of the bias and dbias
-// kernels are exercised. Backward runs twice to check accumulation (+=).
+// tests/test_cuda_matmul.cpp — kernels/cuda/matmul.cuh under the emulator,
+// in both precisions (matmul_precision() is set by each test and restored).
 //
-// Tolerance: 1e-5 relative to the largest reference entry; both sides are fp32
-// sums of at most 33 O(1) products, differing only in summation order.
+// FP32: against the plain-loop twins of kernels/cpu/matmul.h
+// (matmul_forward_loops, matmul_backward_loops; not the sgemm path). Shapes
+// N = 19, C = 24, OC = 33 are not multiples of 16 or 32, so the partial tiles
+// of the bias and dbias kernels are exercised. Backward runs twice to check
+// accumulation (+=). Tolerance: 1e-5 relative to the largest reference entry;
+// both sides are fp32 sums of at most 33 O(1) products, differing only in
+// summation order.
+//
+// BF16, on (N, C, OC) = (37, 45, 29) and (5, 130, 67), again not multiples of
+// anything, forward and twice-run backward, with and without bias:
+//   (a) the mode is exactly "round the operands, then fp32": the result equals
+//       the CPU twin (knngpt::cpu::matmul_forward/backward) run on the host
+//       inputs rounded to bf16, to 1e-5 relative. A product of two bf16 values
+//       is exact in fp32, so only the summation order differs. (The bias and
+//       the starting gradients are not rounded: the bias add and += are fp32.)
+//   (b) the documented error bound against the unrounded fp32 CPU result:
+//       |got - want| <= 2^-7 sum_k |a_k||b_k| + 1e-6 for every element, the
+//       sum over every product accumulated into it (backward: both passes,
+//       twice one pass's sum); the documented ~2^-8 doubled leaves room for
+//       fp32 summation. And the error is not tiny (max relative error
+//       > 1e-5), so the rounding really happens.
+#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
 #define KNNGPT_CUDA_EMU
+#endif
 
 #include "kernels/cuda/common.cuh"
 #include "tests/cuda_test_util.h"
@@ -15,12 +33,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
 #include "tests/test_util.h"
 
+using knngpt::cuda::matmul_precision;
+using knngpt::cuda::MatmulPrecision;
 using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
 using knngpt_test::uniform;
@@ -35,7 +58,20 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
 }
 
+// Sets matmul_precision() for the scope of a test and restores the previous value.
+class PrecisionScope {
+  public:
+    explicit PrecisionScope(MatmulPrecision precision) : saved_(matmul_precision()) { matmul_precision() = precision; }
+    ~PrecisionScope() { matmul_precision() = saved_; }
+    PrecisionScope(const PrecisionScope&) = delete;
+    PrecisionScope& operator=(const PrecisionScope&) = delete;
+
+  private:
+    MatmulPrecision saved_;
+};
+
 TEST(CudaMatmul, ForwardMatchesCpuLoops) {
+    PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 1), weight = uniform((size_t)kOC * kC, 2),
                              bias = uniform(kOC, 3);
     DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
@@ -52,6 +88,7 @@ TEST(CudaMatmul, ForwardMatchesCpuLoops) {
 }
 
 TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
+    PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 4), weight = uniform((size_t)kOC * kC, 5),
                              dout = uniform((size_t)kN * kOC, 6);
     DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
@@ -73,6 +110,144 @@ TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
         expect_close(d_dbias.to_host(), dbias, "dbias");
         if (!with_dbias) {
             EXPECT_EQ(d_dbias.to_host(), dbias_start);
+        }
+    }
+}
+
+// ---- bf16 mode -------------------------------------------------------------
+
+struct Shape {
+    int N, C, OC;
+};
+constexpr Shape kBf16Shapes[] = {{37, 45, 29}, {5, 130, 67}};
+constexpr double kBoundFactor = 1.0 / 128.0;  // 2^-7
+constexpr double kBoundFloor = 1e-6;
+constexpr double kNotTiny = 1e-5;
+
+// x rounded to bf16 (8 significant bits), nearest with ties to even, as
+// __float2bfloat16 rounds, back as floats; finite x only. Written out here
+// rather than taken from the emulator, so the emulated conversion is checked.
+std::vector<float> round_to_bf16(const std::vector<float>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        uint32_t bits;
+        std::memcpy(&bits, &x[i], sizeof bits);
+        bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;  // drop 16 bits, rounding half to even
+        std::memcpy(&r[i], &bits, sizeof bits);
+    }
+    return r;
+}
+
+// sum_k |a[i,k]| |b[j,k]| for row-major a (I, K), b (J, K), in double: the
+// scale of the bf16 error of (a @ b^T)[i, j] (callers pass transposes where
+// their product needs them).
+std::vector<double> abs_products(const std::vector<float>& a, const std::vector<float>& b, int I, int J, int K) {
+    std::vector<double> s((size_t)I * J, 0.0);
+    for (int i = 0; i < I; i++)
+        for (int j = 0; j < J; j++) {
+            double sum = 0.0;
+            for (int k = 0; k < K; k++) sum += std::fabs((double)a[(size_t)i * K + k]) * std::fabs((double)b[(size_t)j * K + k]);
+            s[(size_t)i * J + j] = sum;
+        }
+    return s;
+}
+
+// the transpose of a row-major (R, K) array
+std::vector<float> transpose(const std::vector<float>& a, int R, int K) {
+    std::vector<float> t(a.size());
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) t[(size_t)k * R + r] = a[(size_t)r * K + k];
+    return t;
+}
+
+// (b): every element within factor * scale + floor of want, and the largest
+// relative error (max_rel_error) above kNotTiny.
+void expect_within_bound(const std::vector<float>& got, const std::vector<float>& want,
+                         const std::vector<double>& scale, double factor, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    ASSERT_EQ(scale.size(), want.size()) << what;
+    size_t violations = 0, first = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        const double bound = factor * scale[i] + kBoundFloor;
+        if (std::fabs((double)got[i] - (double)want[i]) > bound) {
+            if (violations++ == 0) first = i;
+        }
+    }
+    EXPECT_EQ(violations, 0u) << what << ": first at " << first << ": got " << got[first] << ", want " << want[first]
+                              << ", bound " << factor * scale[first] + kBoundFloor;
+    EXPECT_GT(max_rel_error(got.data(), want.data(), want.size()), kNotTiny)
+        << what << ": no visible bf16 rounding error";
+}
+
+TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
+    PrecisionScope bf16(MatmulPrecision::BF16);
+    for (const Shape& s : kBf16Shapes) {
+        SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+        const std::vector<float> inp = uniform((size_t)s.N * s.C, 11), weight = uniform((size_t)s.OC * s.C, 12),
+                                 bias = uniform(s.OC, 13);
+        const std::vector<float> inp_r = round_to_bf16(inp), weight_r = round_to_bf16(weight);
+        const std::vector<double> scale = abs_products(inp, weight, s.N, s.OC, s.C);
+        DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
+        for (bool with_bias : {true, false}) {
+            SCOPED_TRACE(with_bias ? "with bias" : "without bias");
+            const float* b = with_bias ? bias.data() : nullptr;
+            std::vector<float> rounded((size_t)s.N * s.OC), exact((size_t)s.N * s.OC);
+            knngpt::cpu::matmul_forward(rounded.data(), inp_r.data(), weight_r.data(), b, s.N, s.C, s.OC);
+            knngpt::cpu::matmul_forward(exact.data(), inp.data(), weight.data(), b, s.N, s.C, s.OC);
+            DeviceArray<float> d_out(std::vector<float>(rounded.size(), 7.0f));
+            knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, s.N,
+                                         s.C, s.OC);
+            const std::vector<float> got = d_out.to_host();
+            expect_close(got, rounded, "out vs rounded inputs");                       // (a)
+            expect_within_bound(got, exact, scale, kBoundFactor, "out vs fp32");   // (b)
+        }
+    }
+}
+
+TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
+    PrecisionScope bf16(MatmulPrecision::BF16);
+    constexpr int kPasses = 2;
+    for (const Shape& s : kBf16Shapes) {
+        SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
+        const int N = s.N, C = s.C, OC = s.OC;
+        const std::vector<float> inp = uniform((size_t)N * C, 21), weight = uniform((size_t)OC * C, 22),
+                                 dout = uniform((size_t)N * OC, 23);
+        const std::vector<float> inp_r = round_to_bf16(inp), weight_r = round_to_bf16(weight),
+                                 dout_r = round_to_bf16(dout);
+        // error scales of one pass: dinp[n,c] sums over o of dout[n,o] weight[o,c];
+        // dweight[o,c] sums over n of dout[n,o] inp[n,c]
+        const std::vector<float> dout_t = transpose(dout, N, OC);
+        const std::vector<double> dinp_scale = abs_products(dout, transpose(weight, OC, C), N, C, OC);
+        const std::vector<double> dweight_scale = abs_products(dout_t, transpose(inp, N, C), OC, C, N);
+        DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
+        for (bool with_dbias : {true, false}) {
+            SCOPED_TRACE(with_dbias ? "with dbias" : "without dbias");
+            // nonzero starting gradients, so += is visible
+            const std::vector<float> dinp0 = uniform((size_t)N * C, 24), dweight0 = uniform((size_t)OC * C, 25),
+                                     dbias0 = uniform(OC, 26);
+            std::vector<float> dinp_r = dinp0, dweight_r = dweight0, dbias_r = dbias0;  // CPU on rounded inputs
+            std::vector<float> dinp_x = dinp0, dweight_x = dweight0, dbias_x = dbias0;  // CPU on fp32 inputs
+            DeviceArray<float> d_dinp(dinp0), d_dweight(dweight0), d_dbias(dbias0);
+            for (int pass = 0; pass < kPasses; pass++) {
+                knngpt::cpu::matmul_backward(dinp_r.data(), dweight_r.data(), with_dbias ? dbias_r.data() : nullptr,
+                                             dout_r.data(), inp_r.data(), weight_r.data(), N, C, OC);
+                knngpt::cpu::matmul_backward(dinp_x.data(), dweight_x.data(), with_dbias ? dbias_x.data() : nullptr,
+                                             dout.data(), inp.data(), weight.data(), N, C, OC);
+                knngpt::cuda::matmul_backward(d_dinp.ptr, d_dweight.ptr, with_dbias ? d_dbias.ptr : nullptr,
+                                              d_dout.ptr, d_inp.ptr, d_weight.ptr, N, C, OC);
+            }
+            const std::vector<float> dinp = d_dinp.to_host(), dweight = d_dweight.to_host(), dbias = d_dbias.to_host();
+            // (a)
+            expect_close(dinp, dinp_r, "dinp vs rounded inputs");
+            expect_close(dweight, dweight_r, "dweight vs rounded inputs");
+            // (b): kPasses accumulated passes, each within its bound
+            expect_within_bound(dinp, dinp_x, dinp_scale, kPasses * kBoundFactor, "dinp vs fp32");
+            expect_within_bound(dweight, dweight_x, dweight_scale, kPasses * kBoundFactor, "dweight vs fp32");
+            // dbias sums the fp32 dout in both modes
+            expect_close(dbias, dbias_x, "dbias");
+            if (!with_dbias) {
+                EXPECT_EQ(dbias, dbias0);
+            }
         }
     }
 }

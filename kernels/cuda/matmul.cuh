@@ -1,4 +1,5 @@
-// kernels/cuda/matmul.cuh — fully connected layer, fp32. Twin of kernels/cpu/matmul.h.
+// kernels/cuda/matmul.cuh — fully connected layer, fp32 or bf16 GEMMs. Twin of
+// kernels/cpu/matmul.h.
 //
 //   forward:  out = inp @ weight^T + bias            out[n,o] = sum_c inp[n,c] weight[o,c] + bias[o]
 //   backward: dinp    += dout @ weight               (N, C)
@@ -6,12 +7,45 @@
 //             dbias   += sum_n dout[n, :]            (OC)
 //
 // Shapes: inp (N, C), weight (OC, C), bias (OC) or nullptr, out/dout (N, OC).
-// Backward accumulates (+=); dbias may be nullptr. Device pointers.
+// Backward accumulates (+=); dbias may be nullptr. Device pointers, all fp32.
 //
-// The GEMMs go to a library: cuBLASLt under nvcc (fp32 compute, fp32 data, one
-// static handle and workspace created on first use), cblas_sgemm under
-// KNNGPT_CUDA_EMU (the emulator's device memory is host memory). The bias add
-// and the dbias column sums are our own small kernels in both builds.
+// Precision. matmul_precision() selects, at run time, how the GEMMs run:
+//   FP32  fp32 operands, fp32 accumulation;
+//   BF16  each GEMM operand is first rounded to bf16 (round to nearest even,
+//         as __float2bfloat16 does): inp and weight in forward, dout and
+//         weight for dinp, inp and dout for dweight. The products accumulate
+//         in fp32 and the outputs stay fp32 (out, and dinp/dweight += ...);
+//         the bias add and dbias (a sum of the fp32 dout) are fp32 in both
+//         modes. The signatures are the same in both modes: the rounding
+//         happens inside, by convert_to_bf16_kernel into a scratch buffer.
+//         The weights are converted on every call (there is no persistent
+//         bf16 copy of the parameters yet).
+// The default is the build's: BF16, or FP32 in a build with -DKNNGPT_FP32.
+// Tests set matmul_precision() at run time to test both modes.
+//
+// Error of BF16 mode. bf16 keeps 8 significant bits, so each rounded operand
+// carries a relative error <= 2^-9, each product a_k b_k of two rounded
+// operands <= ~2^-8 (2^-9 + 2^-9 + 2^-18), and a sum over k
+//   |bf16 result - fp32 result| <= ~2^-8 sum_k |a_k b_k|  + fp32 accumulation error.
+// A product of two bf16 values (8 + 8 significant bits) is exact in fp32, so
+// the only rounding after the conversion is that of the fp32 accumulation.
+//
+// The GEMMs go to a library: cuBLASLt under nvcc (one static handle and
+// workspace created on first use; FP32: A, B, C fp32; BF16: A, B CUDA_R_16BF,
+// C/D CUDA_R_32F; both with CUBLAS_COMPUTE_32F and fp32 alpha/beta),
+// cblas_sgemm under KNNGPT_CUDA_EMU (the emulator's device memory is host
+// memory; in BF16 mode the bf16 operands are widened back to float on the
+// host, which is exact, and sgemm runs on those). The bf16 conversion, the
+// bias add and the dbias column sums are our own small kernels in both
+// builds.
+//
+// Scratch. The bf16 operands live in two buffers owned by this file (one per
+// GEMM operand slot), cudaMalloc'd on first use and grown (freed and
+// allocated again) when a larger operand comes; they are never freed, like
+// the cuBLASLt workspace, and live for the process. Under the emulator the
+// widened float copies are two static host vectors, freed at exit. The
+// scratch is shared: call the matmuls from one host thread, on the default
+// stream (as everything here does).
 //
 // Layout trick. Both libraries are called column-major. A row-major (R, K)
 // array with leading dimension K is, read column-major, its transpose: a
@@ -33,6 +67,8 @@
 
 #if defined(KNNGPT_CUDA_EMU)
 #include <cblas.h>
+
+#include <vector>
 #else
 #include <cublasLt.h>
 #endif
@@ -40,10 +76,36 @@
 namespace knngpt::cuda {
 
 constexpr int kMatmulBiasThreads = 256;
-constexpr int kMatmulDbiasStripes = 16;                     // threadIdx.y of the dbias kernel
+constexpr int kMatmulConvertThreads = 256;
+constexpr int kMatmulConvertMaxBlocks = 1024;                // larger arrays: the conversion grid-strides
+constexpr int kMatmulDbiasStripes = 16;                      // threadIdx.y of the dbias kernel
 constexpr size_t kMatmulWorkspaceBytes = 32u * 1024 * 1024;  // cuBLASLt workspace
 
+// ---- precision ----------------------------------------------------------------
+
+enum class MatmulPrecision { FP32, BF16 };
+
+// The precision of every matmul_forward/matmul_backward call from now on (see
+// the file header). Starts as the build's default: BF16, FP32 with
+// -DKNNGPT_FP32. Tests assign it, e.g. matmul_precision() = MatmulPrecision::FP32.
+inline MatmulPrecision& matmul_precision() {
+#if defined(KNNGPT_FP32)
+    static MatmulPrecision precision = MatmulPrecision::FP32;
+#else
+    static MatmulPrecision precision = MatmulPrecision::BF16;
+#endif
+    return precision;
+}
+
 // ---- CUDA kernels -------------------------------------------------------------
+
+// out[i] = inp[i] rounded to bf16 (nearest, ties to even), grid-stride loop.
+__global__ void convert_to_bf16_kernel(__nv_bfloat16* out, const float* inp, size_t count) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+        out[i] = __float2bfloat16(inp[i]);
+    }
+}
 
 // out[n, o] += bias[o], one thread per element.
 __global__ void matmul_bias_add_kernel(float* out, const float* bias, int N, int OC) {
@@ -98,9 +160,46 @@ inline CublasLtContext& cublaslt_context() {
 }
 #endif
 
+// A bf16 scratch buffer of this file, one per GEMM operand slot (0 or 1),
+// grown on demand and never freed (see the file header).
+inline __nv_bfloat16* bf16_scratch(int slot, size_t count) {
+    static __nv_bfloat16* buffers[2] = {nullptr, nullptr};
+    static size_t capacities[2] = {0, 0};
+    if (count > capacities[slot]) {
+        CUDA_CHECK(cudaFree(buffers[slot]));  // waits for the work still reading it
+        CUDA_CHECK(cudaMalloc(&buffers[slot], count * sizeof(__nv_bfloat16)));
+        capacities[slot] = count;
+    }
+    return buffers[slot];
+}
+
+// The count floats at x rounded to bf16, in scratch slot `slot`.
+inline const __nv_bfloat16* to_bf16(int slot, const float* x, size_t count) {
+    __nv_bfloat16* out = bf16_scratch(slot, count);
+    if (count == 0) return out;
+    const size_t blocks = ceil_div(count, (size_t)kMatmulConvertThreads);
+    const unsigned grid = (unsigned)(blocks < (size_t)kMatmulConvertMaxBlocks ? blocks : kMatmulConvertMaxBlocks);
+    launch(convert_to_bf16_kernel, grid, kMatmulConvertThreads, 0, nullptr, out, x, count);
+    return out;
+}
+
+#if defined(KNNGPT_CUDA_EMU)
+// The bf16 array x (count values) widened to float, exactly, in a host vector
+// of this file (one per slot): the emulated library's view of a bf16 operand.
+inline const float* widen_bf16(int slot, const void* x, size_t count) {
+    static std::vector<float> widened[2];
+    const __nv_bfloat16* h = static_cast<const __nv_bfloat16*>(x);
+    widened[slot].resize(count);
+    for (size_t i = 0; i < count; i++) widened[slot][i] = __bfloat162float(h[i]);
+    return widened[slot].data();
+}
+#endif
+
 // C (m, n) = op(A) (m, k) . op(B) (k, n) + beta C, all column-major, alpha = 1.
-inline void gemm_col_major(bool trans_a, bool trans_b, int m, int n, int k, const float* A, int lda, const float* B,
-                           int ldb, float beta, float* C, int ldc) {
+// A and B are float arrays (FP32) or __nv_bfloat16 arrays (BF16); C is float
+// and the accumulation fp32 in both.
+inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
+                           int lda, const void* B, int ldb, float beta, float* C, int ldc) {
     if (m == 0 || n == 0) return;
     if (k == 0) {  // empty sum: C = beta C
         if (beta == 0.0f) {
@@ -110,10 +209,18 @@ inline void gemm_col_major(bool trans_a, bool trans_b, int m, int n, int k, cons
     }
     const float alpha = 1.0f;
 #if defined(KNNGPT_CUDA_EMU)
+    const float* a = static_cast<const float*>(A);
+    const float* b = static_cast<const float*>(B);
+    if (precision == MatmulPrecision::BF16) {
+        // stored arrays: ld rows by (trans ? m : k) resp. (trans ? k : n) columns
+        a = widen_bf16(0, A, (size_t)lda * (trans_a ? m : k));
+        b = widen_bf16(1, B, (size_t)ldb * (trans_b ? k : n));
+    }
     cblas_sgemm(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
-                alpha, A, lda, B, ldb, beta, C, ldc);
+                alpha, a, lda, b, ldb, beta, C, ldc);
 #else
     CublasLtContext& context = cublaslt_context();
+    const cudaDataType_t ab_type = precision == MatmulPrecision::BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulDesc_t desc = nullptr;
@@ -122,8 +229,8 @@ inline void gemm_col_major(bool trans_a, bool trans_b, int m, int n, int k, cons
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // layouts describe the stored arrays, before op()
     cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, CUDA_R_32F, trans_a ? k : m, trans_a ? m : k, lda));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, CUDA_R_32F, trans_b ? n : k, trans_b ? k : n, ldb));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, ab_type, trans_a ? k : m, trans_a ? m : k, lda));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, ab_type, trans_b ? n : k, trans_b ? k : n, ldb));
     KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c, CUDA_R_32F, m, n, ldc));
     cublasLtMatmulPreference_t preference = nullptr;
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -135,7 +242,8 @@ inline void gemm_col_major(bool trans_a, bool trans_b, int m, int n, int k, cons
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(context.handle, desc, layout_a, layout_b, layout_c, layout_c,
                                                        preference, 1, &heuristic, &returned));
     if (returned == 0) {
-        std::fprintf(stderr, "%s:%d: cuBLASLt: no algorithm for m=%d n=%d k=%d\n", __FILE__, __LINE__, m, n, k);
+        std::fprintf(stderr, "%s:%d: cuBLASLt: no %s algorithm for m=%d n=%d k=%d\n", __FILE__, __LINE__,
+                     precision == MatmulPrecision::BF16 ? "bf16" : "fp32", m, n, k);
         std::exit(1);
     }
     KNNGPT_CUBLAS_CHECK(cublasLtMatmul(context.handle, desc, &alpha, A, layout_a, B, layout_b, &beta, C, layout_c, C,
@@ -155,8 +263,15 @@ inline void gemm_col_major(bool trans_a, bool trans_b, int m, int n, int k, cons
 inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
                            int OC) {
     if (N == 0 || OC == 0) return;
+    const MatmulPrecision precision = matmul_precision();
+    const void* a = weight;  // the GEMM operands: the fp32 arrays, or their bf16 roundings
+    const void* b = inp;
+    if (precision == MatmulPrecision::BF16) {
+        a = detail::to_bf16(0, weight, (size_t)OC * C);
+        b = detail::to_bf16(1, inp, (size_t)N * C);
+    }
     // out^T (OC, N) = weight (OC, C) . inp^T (C, N)
-    detail::gemm_col_major(true, false, OC, N, C, weight, C, inp, C, 0.0f, out, OC);
+    detail::gemm_col_major(precision, true, false, OC, N, C, a, C, b, C, 0.0f, out, OC);
     if (bias == nullptr) return;
     const size_t total = (size_t)N * OC;
     launch(matmul_bias_add_kernel, (unsigned)ceil_div(total, (size_t)kMatmulBiasThreads), kMatmulBiasThreads, 0,
@@ -166,10 +281,17 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, int N, int C, int OC) {
     if (N == 0 || OC == 0) return;
+    const MatmulPrecision precision = matmul_precision();
+    const bool bf16 = precision == MatmulPrecision::BF16;
+    // dout is an operand of both GEMMs: rounded once, in slot 0; slot 1 holds
+    // weight, then inp (the stream orders the second conversion after the first GEMM)
+    const void* dout_operand = bf16 ? (const void*)detail::to_bf16(0, dout, (size_t)N * OC) : dout;
+    const void* weight_operand = bf16 ? (const void*)detail::to_bf16(1, weight, (size_t)OC * C) : weight;
     // dinp^T (C, N) += weight^T (C, OC) . dout^T (OC, N)
-    detail::gemm_col_major(false, false, C, N, OC, weight, C, dout, OC, 1.0f, dinp, C);
+    detail::gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 1.0f, dinp, C);
+    const void* inp_operand = bf16 ? (const void*)detail::to_bf16(1, inp, (size_t)N * C) : inp;
     // dweight^T (C, OC) += inp^T (C, N) . dout (N, OC)
-    detail::gemm_col_major(false, true, C, OC, N, inp, C, dout, OC, 1.0f, dweight, C);
+    detail::gemm_col_major(precision, false, true, C, OC, N, inp_operand, C, dout_operand, OC, 1.0f, dweight, C);
     if (dbias == nullptr) return;
     launch(matmul_dbias_kernel, ceil_div(OC, 32), dim3(32, kMatmulDbiasStripes), 0, nullptr, dbias, dout, N, OC);
 }
