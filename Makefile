@@ -23,6 +23,9 @@ CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=
 NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCHS) -Xcompiler -fopenmp,-Wall -I.
 CUDA_LIBS  ?= -lcublasLt -lcublas -lgomp
 EMU_FLAGS  := -DKNNGPT_CUDA -DKNNGPT_CUDA_EMU
+# PRECISION=fp32 builds train_gpt with fp32 matmuls (default: bf16 operands, fp32 accumulation)
+PRECISION  ?= bf16
+PRECISION_FLAGS := $(if $(filter fp32,$(PRECISION)),-DKNNGPT_FP32,)
 NEED_NVCC   = @command -v $(NVCC) >/dev/null 2>&1 || { echo "make $@: $(NVCC) not found: install the CUDA toolkit (nvcc on PATH, or NVCC=/path/to/nvcc); the CPU trainer is make train_gpt_cpu"; exit 1; }
 
 BUILD     := build
@@ -42,7 +45,7 @@ all: train_gpt_cpu prepare_data
 help:
 	@echo "knngpt targets:"
 	@echo "  make train_gpt_cpu   the CPU trainer (fp32, OpenMP + OpenBLAS)"
-	@echo "  make train_gpt       the CUDA trainer (nvcc, sm_80 + sm_90, fp32, cuBLASLt)"
+	@echo "  make train_gpt       the CUDA trainer (nvcc, sm_80 + sm_90, bf16 matmuls; PRECISION=fp32 for all fp32)"
 	@echo "  make prepare_data    text file -> llm.c token shards"
 	@echo "  make test           build and run every test (GoogleTest); CUDA kernels under the emulator,"
 	@echo "                      and natively too where a GPU and nvcc exist"
@@ -52,17 +55,21 @@ help:
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
-	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS"
+	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
 
 train_gpt_cpu: train/train_gpt.cpp $(HEADERS)
 	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
 
 train_gpt: train/train_gpt.cpp $(HEADERS)
 	$(NEED_NVCC)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -o $@ $< $(CUDA_LIBS)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(PRECISION_FLAGS) -o $@ $< $(CUDA_LIBS)
 
-# the CUDA trainer on the CPU emulator: the whole-model test runs it against train_gpt_cpu
+# the CUDA trainer on the CPU emulator, the fp32 build and the default bf16
+# one: the whole-model test runs both against train_gpt_cpu
 $(BUILD)/train_gpt_emu: train/train_gpt.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -DKNNGPT_FP32 -o $@ $< $(LDLIBS)
+$(BUILD)/train_gpt_emu_bf16: train/train_gpt.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -o $@ $< $(LDLIBS)
 
@@ -90,17 +97,29 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 
 # The native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
-test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu
+test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
 	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && command -v $(NVCC) >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory test-native; \
 	else echo "cuda kernels run natively: 0 (native CUDA tests skipped: no GPU here, nvidia-smi lists none; tools/gpu_check.sh runs them on a GPU machine)"; fi
 
-native-test-bins: $(NATIVE_TEST_BINS)
+native-test-bins: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
-test-native: $(NATIVE_TEST_BINS) train_gpt
-	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(NATIVE_TEST_BINS)
-	@KNNGPT_BUILD=$(BUILD) KNNGPT_CUDA_TRAINER=./train_gpt sh tools/run_tests.sh $(BUILD)/tests/test_cuda_trainer
+test-native: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16 \
+             $(BUILD)/tests/test_cuda_trainer train_gpt_cpu prepare_data
+	@KNNGPT_BUILD=$(BUILD) KNNGPT_CUDA_TRAINER=$(BUILD)/native/train_gpt_fp32 \
+	  KNNGPT_CUDA_TRAINER_BF16=$(BUILD)/native/train_gpt_bf16 \
+	  sh tools/run_tests.sh $(NATIVE_TEST_BINS) $(BUILD)/tests/test_cuda_trainer
+
+# the two precisions of train_gpt for the native trainer comparison
+$(BUILD)/native/train_gpt_fp32: train/train_gpt.cpp $(HEADERS)
+	$(NEED_NVCC)
+	@mkdir -p $(dir $@)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -DKNNGPT_FP32 -o $@ $< $(CUDA_LIBS)
+$(BUILD)/native/train_gpt_bf16: train/train_gpt.cpp $(HEADERS)
+	$(NEED_NVCC)
+	@mkdir -p $(dir $@)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -o $@ $< $(CUDA_LIBS)
 
 # the benchmark's baseline: the same trainer with plain-loop matmuls
 $(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(HEADERS)

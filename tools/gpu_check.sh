@@ -47,7 +47,7 @@ archs=${CUDA_ARCHS:-"-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"}
 
 stage "build (nvcc, $archs)"
 have_host_deps=1
-if [ ! -f /usr/include/gtest/gtest.h ] || ! ls /usr/include/*/cblas.h /usr/include/cblas.h >/dev/null 2>&1 ||
+if [ ! -f /usr/include/gtest/gtest.h ] || [ -z "$(ls /usr/include/*/cblas.h /usr/include/cblas.h 2>/dev/null)" ] ||
    ! command -v g++ >/dev/null; then
   have_host_deps=0
   echo "gpu_check: g++, GoogleTest or OpenBLAS headers missing (bash tools/install_deps.sh --tests installs them):"
@@ -109,6 +109,7 @@ fi
 stage "attention benchmark"
 if timeout 240 "$out/bench_attention_cuda" > "$out/bench.log" 2>&1; then
   cat "$out/bench.log"
+  grep -q 'skipped' "$out/bench.log" && fail "attention benchmark: $(grep skipped "$out/bench.log")"
   while read -r line; do note "$line"; done < <(grep -E '^attention ' "$out/bench.log" |
     sed -E 's/^attention (T=[0-9]+ HS=[0-9]+).*fwd_TFLOPs=([0-9.]+).*bwd_TFLOPs=([0-9.]+).*/attention \1: fwd \2 TFLOP\/s, bwd \3 TFLOP\/s/')
 else

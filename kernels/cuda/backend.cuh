@@ -7,8 +7,11 @@
 // with g++ and -DKNNGPT_CUDA_EMU for the CPU emulator (build/train_gpt_emu, the
 // whole-model test). Pointers the model hands to these ops are device pointers.
 //
-// Precision: fp32 throughout (parameters, activations, matmuls with
-// CUBLAS_COMPUTE_32F), so a step equals train_gpt_cpu's up to summation order.
+// Precision. Parameters, gradients, AdamW state and activations are fp32 in
+// every build, as are all our own kernels. The matmuls (kernels/cuda/matmul.cuh)
+// run bf16 operands with fp32 accumulation by default; a build with
+// -DKNNGPT_FP32 keeps them fp32 too, so its steps equal train_gpt_cpu's up to
+// summation order (which test_cuda_trainer checks to 1e-5).
 //
 // Attention coverage: exact attention (tiled, flash style) and the key-list
 // modes knn and knn-tail with the brute top-k index and exact gradients have
@@ -44,10 +47,15 @@ using knngpt::KmvParams;
 using knngpt::LshParams;
 using knngpt::TopkIndex;
 
-#if defined(KNNGPT_CUDA_EMU)
-constexpr const char* BACKEND_NAME = "cuda (fp32) under the CPU emulator";
+#if defined(KNNGPT_FP32)
+#define KNNGPT_MATMUL_PRECISION "fp32"
 #else
-constexpr const char* BACKEND_NAME = "cuda (fp32, cuBLASLt)";
+#define KNNGPT_MATMUL_PRECISION "bf16 matmuls, fp32 rest"
+#endif
+#if defined(KNNGPT_CUDA_EMU)
+constexpr const char* BACKEND_NAME = "cuda (" KNNGPT_MATMUL_PRECISION ") under the CPU emulator";
+#else
+constexpr const char* BACKEND_NAME = "cuda (" KNNGPT_MATMUL_PRECISION ", cuBLASLt)";
 #endif
 
 // ---- memory -------------------------------------------------------------------
@@ -76,9 +84,10 @@ inline void copy_columns(int* dst, size_t dst_stride, const int* src, size_t src
 
 // ---- MFU ------------------------------------------------------------------------
 
-// Dense peak FLOP/s of the current device for fp32 math without tensor cores
-// (what CUBLAS_COMPUTE_32F and the fp32 kernels run on), from its name; 0 when
-// the device is not in the table (no MFU is printed then).
+// Dense peak FLOP/s of the current device, from its name, for the precision
+// the matmuls (nearly all the FLOPs) run in: bf16 tensor cores with fp32
+// accumulation, or plain fp32 in the -DKNNGPT_FP32 build. 0 when the device is
+// not in the table (no MFU is printed then).
 inline double device_peak_flops() {
     static double peak = -1.0;
     if (peak >= 0.0) return peak;
@@ -88,16 +97,19 @@ inline double device_peak_flops() {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     struct Entry {
         const char* name;
-        double fp32_tflops;
+        double bf16_tflops, fp32_tflops;  // dense; bf16 with fp32 accumulation
     };
     // first match wins, so the more specific names come first
-    const Entry table[] = {{"H200", 66.9},     {"GH200", 66.9}, {"H100 PCIe", 51.2}, {"H100", 66.9},
-                           {"A100", 19.5},     {"L40S", 91.6},  {"RTX 4090", 82.6},  {"A10G", 31.2},
-                           {"RTX 3090", 35.6}, {"V100", 15.7}};
+    const Entry table[] = {{"H200", 989.4, 66.9}, {"GH200", 989.4, 66.9}, {"H100 PCIe", 756.0, 51.2},
+                           {"H100", 989.4, 66.9}, {"A100", 312.0, 19.5},  {"L40S", 362.1, 91.6}};
     peak = 0.0;
     for (const Entry& e : table)
         if (std::strstr(prop.name, e.name)) {
+#if defined(KNNGPT_FP32)
             peak = e.fp32_tflops * 1e12;
+#else
+            peak = e.bf16_tflops * 1e12;
+#endif
             break;
         }
     return peak;
