@@ -29,6 +29,7 @@
 #include "kernels/cuda/common.cuh"
 #include "tests/cuda_test_util.h"
 
+#include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/matmul.cuh"
 
 #include <gtest/gtest.h>
@@ -250,6 +251,79 @@ TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
             }
         }
     }
+}
+
+// ---- the bf16 copy of the parameters ------------------------------------------
+//
+// A weight inside the registered parameter buffer is read from its bf16 copy
+// (bf16_parameters.cuh). The copy must equal bf16(params) bit for bit at
+// registration and after AdamW updates the parameters, a matmul reading it
+// must equal one converting the same weight, and unregistering forgets it.
+
+// The registered copy of count parameters at p, widened to float on the host.
+std::vector<float> registered_copy(const float* p, size_t count) {
+    const __nv_bfloat16* copy = knngpt::cuda::bf16_copy_of(p, count);
+    EXPECT_NE(copy, nullptr);
+    std::vector<__nv_bfloat16> host(count);
+    if (copy) CUDA_CHECK(cudaMemcpy(host.data(), copy, count * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+    std::vector<float> widened(count);
+    for (size_t i = 0; i < count; i++) widened[i] = __bfloat162float(host[i]);
+    return widened;
+}
+
+TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
+    PrecisionScope bf16(MatmulPrecision::BF16);
+    const int N = 11, C = 37, OC = 21;
+    const size_t weight_count = (size_t)OC * C, offset = 5;  // the weight sits inside a larger buffer
+    std::vector<float> params = uniform(offset + weight_count + 3, 20);
+    DeviceArray<float> d_params(params), d_inp(uniform((size_t)N * C, 21));
+    float* weight = d_params.ptr + offset;
+    knngpt::cuda::register_parameters(d_params.ptr, params.size());
+
+    EXPECT_NE(knngpt::cuda::bf16_copy_of(weight, weight_count), nullptr);
+    EXPECT_EQ(knngpt::cuda::bf16_copy_of(d_params.ptr + 4, params.size()), nullptr) << "range past the end";
+    EXPECT_EQ(knngpt::cuda::bf16_copy_of(d_inp.ptr, (size_t)N * C), nullptr) << "not a parameter";
+    EXPECT_EQ(registered_copy(d_params.ptr, params.size()), round_to_bf16(params));
+
+    // the same weight outside the buffer is converted on the call: same result, bit for bit
+    auto forward = [&](const float* w) {
+        DeviceArray<float> out(std::vector<float>((size_t)N * OC, 0.0f));
+        knngpt::cuda::matmul_forward(out.ptr, d_inp.ptr, w, nullptr, N, C, OC);
+        return out.to_host();
+    };
+    auto backward_dinp = [&](const float* w) {
+        DeviceArray<float> dinp(std::vector<float>((size_t)N * C, 0.0f)), dweight(std::vector<float>(weight_count, 0.0f));
+        DeviceArray<float> dout(uniform((size_t)N * OC, 22));
+        knngpt::cuda::matmul_backward(dinp.ptr, dweight.ptr, nullptr, dout.ptr, d_inp.ptr, w, N, C, OC);
+        return dinp.to_host();
+    };
+    auto check_against_plain_weight = [&](const char* when) {
+        std::vector<float> current = d_params.to_host();
+        DeviceArray<float> plain(std::vector<float>(current.begin() + offset, current.begin() + offset + weight_count));
+        EXPECT_EQ(forward(weight), forward(plain.ptr)) << when;
+        EXPECT_EQ(backward_dinp(weight), backward_dinp(plain.ptr)) << when;
+    };
+    check_against_plain_weight("after registering");
+
+    // AdamW moves the parameters (a sub-range, as the model updates tensor by
+    // tensor): the copy follows, and the matmul reads the moved weights
+    DeviceArray<float> grads(uniform(params.size(), 23)), m(std::vector<float>(params.size(), 0.0f)),
+        v(std::vector<float>(params.size(), 0.0f));
+    knngpt::cuda::adamw_update(weight, grads.ptr + offset, m.ptr + offset, v.ptr + offset, weight_count, 0.05f, 0.9f,
+                               0.95f, 1e-8f, 0.1f, 1, 1.0f);
+    const std::vector<float> updated = d_params.to_host();
+    EXPECT_NE(updated, params);
+    EXPECT_EQ(registered_copy(d_params.ptr, params.size()), round_to_bf16(updated));
+    check_against_plain_weight("after an AdamW step");
+
+    // the copy is what the matmul reads: a write that bypasses AdamW (which
+    // the invariant rules out) leaves it stale, and the result with it
+    CUDA_CHECK(cudaMemset(weight, 0, weight_count * sizeof(float)));
+    EXPECT_NE(forward(weight), std::vector<float>((size_t)N * OC, 0.0f));
+
+    knngpt::cuda::unregister_parameters(d_params.ptr);
+    EXPECT_EQ(knngpt::cuda::bf16_copy_of(weight, weight_count), nullptr);
+    EXPECT_EQ(forward(weight), std::vector<float>((size_t)N * OC, 0.0f)) << "unregistered: converted again";
 }
 
 }  // namespace

@@ -51,6 +51,11 @@ inline void copy_columns(int* dst, size_t dst_stride, const int* src, size_t src
     for (size_t row = 0; row < rows; row++) std::memcpy(dst + row * dst_stride, src + row * src_stride, width * sizeof(int));
 }
 
+// The model's parameter buffer, for backends that keep derived copies of it
+// (the CUDA build: a bf16 copy for its matmuls). The CPU keeps none.
+inline void register_parameters(const float*, size_t) {}
+inline void unregister_parameters(const float*) {}
+
 // Peak FLOP/s the MFU figure is measured against; 0: unknown, no MFU printed.
 inline double device_peak_flops() { return 0.0; }
 

@@ -10,6 +10,10 @@
 //
 // Shapes: params, grads, m, v all (N), device pointers; m and v updated in place.
 //
+// The fp32 params are the master weights. When they lie inside the registered
+// parameter buffer (bf16_parameters.cuh), the same pass also writes their bf16
+// copy, params_bf16[i] = bf16(params[i]), which the bf16 matmuls read.
+//
 // Design: one thread per element; the two bias corrections are computed once
 // on the host, exactly as the twin does, and passed in.
 #pragma once
@@ -17,6 +21,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -25,8 +30,9 @@ constexpr int kAdamWThreads = 256;
 
 // ---- CUDA kernels -------------------------------------------------------------
 
-__global__ void adamw_update_kernel(float* params, const float* grads, float* m, float* v, size_t N, float lr,
-                                    float beta1, float beta2, float eps, float weight_decay,
+// params_bf16: the bf16 copy of params to keep, or nullptr.
+__global__ void adamw_update_kernel(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v,
+                                    size_t N, float lr, float beta1, float beta2, float eps, float weight_decay,
                                     float beta1_correction, float beta2_correction, float grad_scale) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
@@ -37,7 +43,9 @@ __global__ void adamw_update_kernel(float* params, const float* grads, float* m,
     v[i] = v_i;
     const float m_hat = m_i / beta1_correction;
     const float v_hat = v_i / beta2_correction;
-    params[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i]);
+    const float p = params[i] - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i]);
+    params[i] = p;
+    if (params_bf16) params_bf16[i] = __float2bfloat16(p);
 }
 
 // ---- host launchers -----------------------------------------------------------
@@ -48,8 +56,8 @@ inline void adamw_update(float* params, const float* grads, float* m, float* v, 
     const float beta1_correction = 1.0f - (float)std::pow((double)beta1, t);
     const float beta2_correction = 1.0f - (float)std::pow((double)beta2, t);
     const unsigned blocks = (unsigned)ceil_div(N, (size_t)kAdamWThreads);
-    launch(adamw_update_kernel, blocks, kAdamWThreads, 0, nullptr, params, grads, m, v, N, lr, beta1, beta2, eps,
-           weight_decay, beta1_correction, beta2_correction, grad_scale);
+    launch(adamw_update_kernel, blocks, kAdamWThreads, 0, nullptr, params, bf16_copy_of(params, N), grads, m, v, N, lr,
+           beta1, beta2, eps, weight_decay, beta1_correction, beta2_correction, grad_scale);
 }
 
 }  // namespace knngpt::cuda

@@ -9,7 +9,9 @@
 //
 // Precision. Parameters, gradients, AdamW state and activations are fp32 in
 // every build, as are all our own kernels. The matmuls (kernels/cuda/matmul.cuh)
-// run bf16 operands with fp32 accumulation by default; a build with
+// run bf16 operands with fp32 accumulation by default, the weights read from a
+// bf16 copy of the parameters that AdamW keeps (register_parameters,
+// bf16_parameters.cuh); a build with
 // -DKNNGPT_FP32 keeps them fp32 too, so its steps equal train_gpt_cpu's up to
 // summation order (which test_cuda_trainer checks to 1e-5).
 //
@@ -29,6 +31,7 @@
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/classifier.cuh"
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"

@@ -18,8 +18,9 @@
 //         the bias add and dbias (a sum of the fp32 dout) are fp32 in both
 //         modes. The signatures are the same in both modes: the rounding
 //         happens inside, by convert_to_bf16_kernel into a scratch buffer.
-//         The weights are converted on every call (there is no persistent
-//         bf16 copy of the parameters yet).
+//         A weight that is a registered parameter is read from the bf16
+//         copy of the parameters (bf16_parameters.cuh, kept by AdamW), any
+//         other operand is converted on every call.
 // The default is the build's: BF16, or FP32 in a build with -DKNNGPT_FP32.
 // Tests set matmul_precision() at run time to test both modes.
 //
@@ -63,6 +64,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/common.cuh"
 
 #if defined(KNNGPT_CUDA_EMU)
@@ -76,8 +78,6 @@
 namespace knngpt::cuda {
 
 constexpr int kMatmulBiasThreads = 256;
-constexpr int kMatmulConvertThreads = 256;
-constexpr int kMatmulConvertMaxBlocks = 1024;                // larger arrays: the conversion grid-strides
 constexpr int kMatmulDbiasStripes = 16;                      // threadIdx.y of the dbias kernel
 constexpr size_t kMatmulWorkspaceBytes = 32u * 1024 * 1024;  // cuBLASLt workspace
 
@@ -98,14 +98,6 @@ inline MatmulPrecision& matmul_precision() {
 }
 
 // ---- CUDA kernels -------------------------------------------------------------
-
-// out[i] = inp[i] rounded to bf16 (nearest, ties to even), grid-stride loop.
-__global__ void convert_to_bf16_kernel(__nv_bfloat16* out, const float* inp, size_t count) {
-    const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
-        out[i] = __float2bfloat16(inp[i]);
-    }
-}
 
 // out[n, o] += bias[o], one thread per element.
 __global__ void matmul_bias_add_kernel(float* out, const float* bias, int N, int OC) {
@@ -176,11 +168,15 @@ inline __nv_bfloat16* bf16_scratch(int slot, size_t count) {
 // The count floats at x rounded to bf16, in scratch slot `slot`.
 inline const __nv_bfloat16* to_bf16(int slot, const float* x, size_t count) {
     __nv_bfloat16* out = bf16_scratch(slot, count);
-    if (count == 0) return out;
-    const size_t blocks = ceil_div(count, (size_t)kMatmulConvertThreads);
-    const unsigned grid = (unsigned)(blocks < (size_t)kMatmulConvertMaxBlocks ? blocks : kMatmulConvertMaxBlocks);
-    launch(convert_to_bf16_kernel, grid, kMatmulConvertThreads, 0, nullptr, out, x, count);
+    convert_to_bf16(out, x, count);
     return out;
+}
+
+// A weight rounded to bf16: the parameters' bf16 copy when the weight is a
+// registered parameter (bf16_parameters.cuh), else converted into slot `slot`.
+inline const __nv_bfloat16* weight_to_bf16(int slot, const float* weight, size_t count) {
+    const __nv_bfloat16* copy = bf16_copy_of(weight, count);
+    return copy ? copy : to_bf16(slot, weight, count);
 }
 
 #if defined(KNNGPT_CUDA_EMU)
@@ -267,7 +263,7 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
     const void* a = weight;  // the GEMM operands: the fp32 arrays, or their bf16 roundings
     const void* b = inp;
     if (precision == MatmulPrecision::BF16) {
-        a = detail::to_bf16(0, weight, (size_t)OC * C);
+        a = detail::weight_to_bf16(0, weight, (size_t)OC * C);
         b = detail::to_bf16(1, inp, (size_t)N * C);
     }
     // out^T (OC, N) = weight (OC, C) . inp^T (C, N)
@@ -286,7 +282,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     // dout is an operand of both GEMMs: rounded once, in slot 0; slot 1 holds
     // weight, then inp (the stream orders the second conversion after the first GEMM)
     const void* dout_operand = bf16 ? (const void*)detail::to_bf16(0, dout, (size_t)N * OC) : dout;
-    const void* weight_operand = bf16 ? (const void*)detail::to_bf16(1, weight, (size_t)OC * C) : weight;
+    const void* weight_operand = bf16 ? (const void*)detail::weight_to_bf16(1, weight, (size_t)OC * C) : weight;
     // dinp^T (C, N) += weight^T (C, OC) . dout^T (OC, N)
     detail::gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 1.0f, dinp, C);
     const void* inp_operand = bf16 ? (const void*)detail::to_bf16(1, inp, (size_t)N * C) : inp;
