@@ -541,6 +541,33 @@ TEST(CpuOps, CrossEntropyBackwardZeroesPaddingAndWorksInPlace) {
     EXPECT_EQ(in_place, dlogits);
 }
 
+TEST(CpuOps, CrossEntropyFusedEqualsForwardThenBackwardInPlaceAndOut) {
+    const int N = 14, V = 23, Vp = 32;
+    auto logits = random_floats((size_t)N * Vp, 56, -4.0f, 4.0f);
+    for (int n = 0; n < N; n++)  // the padding must neither enter the softmax nor survive in dlogits
+        for (int j = V; j < Vp; j++) logits[(size_t)n * Vp + j] = 100.0f;
+    auto targets = random_ints(N, 57, V);
+    targets[0] = V - 1;  // the last real column
+    const float dloss = 1.0f / (3 * N);
+    vector<float> want_losses(N), want_dlogits(logits.size());
+    cpu::crossentropy_forward(want_losses.data(), logits.data(), targets.data(), N, V, Vp);
+    cpu::crossentropy_softmax_backward(want_dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+
+    vector<float> losses(N, -7.0f), dlogits(logits.size(), 7.0f);
+    cpu::crossentropy_fused(losses.data(), dlogits.data(), logits.data(), targets.data(), dloss, N, V, Vp);
+    EXPECT_EQ(losses, want_losses);
+    EXPECT_LT(max_rel_error(dlogits.data(), want_dlogits.data(), dlogits.size()), 1e-6);
+    for (int n = 0; n < N; n++)
+        for (int j = V; j < Vp; j++) EXPECT_EQ(dlogits[(size_t)n * Vp + j], 0.0f) << "n=" << n << " j=" << j;
+
+    // in place: dlogits is logits, the loss still reads the target's logit
+    auto in_place = logits;
+    vector<float> in_place_losses(N, -7.0f);
+    cpu::crossentropy_fused(in_place_losses.data(), in_place.data(), in_place.data(), targets.data(), dloss, N, V, Vp);
+    EXPECT_EQ(in_place_losses, want_losses);
+    EXPECT_EQ(in_place, dlogits);
+}
+
 // ---------------------------------------------------------------------------
 // adamw, global norm
 // ---------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 // tests/test_cuda_kernels_2.cpp — the fp32 CUDA kernels of kernels/cuda for the
-// optimizer and the loss (adamw, global_norm, classifier) run under the
-// emulator against their CPU twins in kernels/cpu. Shapes are deliberately not
-// multiples of any block size (N = 300 elements, 13 rows, V = 50 padded to
-// Vp = 64), so every partial block, idle warp and tail guard is exercised.
+// optimizer and the loss (adamw, global_norm, classifier and fused classifier)
+// run under the emulator against their CPU twins in kernels/cpu. Shapes are
+// deliberately not multiples of any block size (N = 300 elements, 13 rows,
+// V = 50 padded to Vp = 64), so every partial block, idle warp and tail guard
+// is exercised.
 //
 // Tolerance: 1e-5, relative to the largest reference entry (max_rel_error).
 // Both sides are fp32 (global_norm: double) and differ only in summation order
@@ -135,6 +136,33 @@ TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     DeviceArray<float> d_inplace(logits);
     knngpt::cuda::crossentropy_softmax_backward(d_inplace.ptr, d_inplace.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
     EXPECT_EQ(d_inplace.to_host(), out_of_place);
+}
+
+TEST(CudaClassifier, FusedMatchesCpuInPlace) {
+    // 13 rows: one full block of 8 and a partial one; V = 50 is not a multiple of 32, Vp = 64 pads it
+    const std::vector<float> logits = padded_logits(34);
+    const std::vector<int> tgt = targets(35);
+    const float dloss = 1.0f / (2 * kRows);
+    std::vector<float> want_losses(kRows), want_dlogits(logits.size());
+    knngpt::cpu::crossentropy_fused(want_losses.data(), want_dlogits.data(), logits.data(), tgt.data(), dloss, kRows,
+                                    kV, kVp);
+
+    DeviceArray<int> d_tgt(tgt);
+    DeviceArray<float> d_inplace(logits), d_losses(std::vector<float>(kRows, -7.0f));
+    knngpt::cuda::crossentropy_fused(d_losses.ptr, d_inplace.ptr, d_inplace.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
+    expect_close(d_losses.to_host(), want_losses, "losses");
+    const std::vector<float> dlogits = d_inplace.to_host();
+    expect_close(dlogits, want_dlogits, "dlogits");
+    for (int n = 0; n < kRows; n++)
+        for (int j = kV; j < kVp; j++) EXPECT_EQ(dlogits[(size_t)n * kVp + j], 0.0f) << n << "," << j;
+
+    // the same as the two separate kernels, out of place
+    DeviceArray<float> d_logits(logits), d_dlogits(std::vector<float>(logits.size(), -7.0f)),
+        d_sep_losses(std::vector<float>(kRows, -7.0f));
+    knngpt::cuda::crossentropy_forward(d_sep_losses.ptr, d_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
+    knngpt::cuda::crossentropy_softmax_backward(d_dlogits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
+    expect_close(d_losses.to_host(), d_sep_losses.to_host(), "losses vs forward kernel");
+    expect_close(dlogits, d_dlogits.to_host(), "dlogits vs backward kernel");
 }
 
 }  // namespace

@@ -7,11 +7,16 @@
 //   backward: dlogits[n,j] = (softmax_{j<V}(logits[n,:])_j - [j == targets[n]]) dloss   for j < V
 //             dlogits[n,j] = 0                                                          for V <= j < Vp
 //             (dloss: the gradient of the loss on each position, e.g. 1/N for the mean loss)
+//   fused:    crossentropy_fused writes both, losses and dlogits, in one call: the
+//             row statistics are computed once per row and serve the loss and the
+//             softmax (llm.c's fused_classifier). The training step uses it: each row
+//             is read three times (max, sum, probabilities) instead of five.
 //
 // Shapes: logits/dlogits (N, Vp) with N = B*T rows, targets (N), losses (N).
 // Nothing is saved: backward recomputes the row max and softmax sum from logits.
-// Backward WRITES dlogits (=, not +=), and dlogits may alias logits: each row is
-// read completely (max, sum) before it is overwritten, element by element.
+// Backward and fused WRITE dlogits (=, not +=), and dlogits may alias logits: each
+// row is read completely (max, sum, the target's logit) before it is overwritten,
+// element by element.
 // exp is exp_vectorizable (vector_math.h): three passes over V ~ 50k logits per
 // row make libm's scalar expf a visible cost.
 #pragma once
@@ -58,6 +63,31 @@ inline void crossentropy_softmax_backward(float* dlogits, const float* logits, c
         softmax_row_stats(row, V, &row_max, &exp_sum);
         const float inv_sum = 1.0f / exp_sum;
         const int target = targets[n];
+        #pragma omp simd
+        for (int j = 0; j < V; j++) {
+            const float prob = exp_vectorizable(row[j] - row_max) * inv_sum;
+            const float indicator = j == target ? 1.0f : 0.0f;
+            drow[j] = (prob - indicator) * dloss;
+        }
+        for (int j = V; j < Vp; j++) drow[j] = 0.0f;
+    }
+}
+
+// losses (N) and dlogits (N, Vp) together: per row the stats once, then the loss, then
+// the writes. Same values as crossentropy_forward + crossentropy_softmax_backward.
+inline void crossentropy_fused(float* losses, float* dlogits, const float* logits, const int* targets,
+                               float dloss, int N, int V, int Vp) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * Vp;
+        float* drow = dlogits + (size_t)n * Vp;
+        // read the whole row first: drow may be the same memory as row
+        float row_max, exp_sum;
+        softmax_row_stats(row, V, &row_max, &exp_sum);
+        const int target = targets[n];
+        const float logsumexp = row_max + std::log(exp_sum);
+        losses[n] = logsumexp - row[target];
+        const float inv_sum = 1.0f / exp_sum;
         #pragma omp simd
         for (int j = 0; j < V; j++) {
             const float prob = exp_vectorizable(row[j] - row_max) * inv_sum;

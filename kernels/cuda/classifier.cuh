@@ -4,16 +4,21 @@
 //   forward:  losses[n] = logsumexp_{j<V} logits[n,j] - logits[n, targets[n]]
 //   backward: dlogits[n,j] = (softmax_{j<V}(logits[n,:])_j - [j == targets[n]]) dloss   for j < V
 //             dlogits[n,j] = 0                                                          for V <= j < Vp
+//   fused:    crossentropy_fused writes both, losses and dlogits, from one set of row
+//             statistics (llm.c's fused_classifier); the training step uses it, so each
+//             row is read three times (max, sum, probabilities) instead of five.
 //
 // Shapes: logits/dlogits (N, Vp), targets (N), losses (N); device pointers.
-// The padding columns V..Vp-1 never enter the softmax. Backward WRITES dlogits
-// (=, not +=), and dlogits may alias logits.
+// The padding columns V..Vp-1 never enter the softmax. Backward and fused WRITE
+// dlogits (=, not +=), and dlogits may alias logits.
 //
 // Design: one warp per row, two passes for the row statistics (max, then
 // sum of exp(x - max)) with warp_reduce_max / warp_reduce_sum. In backward the
 // whole warp has finished both reductions (the shuffles synchronise it) before
 // any lane writes, and each lane then overwrites only the elements it reads
-// itself, so the in-place call is safe.
+// itself, so the in-place call is safe. The fused kernel also needs the
+// target's logit, which another lane may overwrite: every lane reads it before
+// the reductions, so it is in a register before any write.
 #pragma once
 
 #include <cmath>
@@ -71,6 +76,29 @@ __global__ void crossentropy_softmax_backward_kernel(float* dlogits, const float
     for (int j = V + lane_id; j < Vp; j += 32) drow[j] = 0.0f;
 }
 
+// losses (N) and dlogits (N, Vp) in one kernel: the row statistics once, then the loss and the writes.
+__global__ void crossentropy_fused_kernel(float* losses, float* dlogits, const float* logits, const int* targets,
+                                          float dloss, int N, int V, int Vp) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_id = threadIdx.x / 32;
+    const int n = blockIdx.x * (blockDim.x / 32) + warp_id;
+    if (n >= N) return;
+    const float* row = logits + (size_t)n * Vp;
+    float* drow = dlogits + (size_t)n * Vp;
+    const int target = targets[n];
+    const float target_logit = row[target];  // before the shuffles below, so before any lane writes
+    float row_max, exp_sum;
+    warp_softmax_row_stats(row, V, lane_id, &row_max, &exp_sum);
+    if (lane_id == 0) losses[n] = row_max + logf(exp_sum) - target_logit;
+    const float inv_sum = 1.0f / exp_sum;
+    for (int j = lane_id; j < V; j += 32) {
+        const float prob = expf(row[j] - row_max) * inv_sum;
+        const float indicator = j == target ? 1.0f : 0.0f;
+        drow[j] = (prob - indicator) * dloss;
+    }
+    for (int j = V + lane_id; j < Vp; j += 32) drow[j] = 0.0f;
+}
+
 // ---- host launchers -----------------------------------------------------------
 
 inline void crossentropy_forward(float* losses, const float* logits, const int* targets, int N, int V, int Vp) {
@@ -86,6 +114,14 @@ inline void crossentropy_softmax_backward(float* dlogits, const float* logits, c
     const int rows_per_block = kClassifierThreads / 32;
     launch(crossentropy_softmax_backward_kernel, ceil_div(N, rows_per_block), kClassifierThreads, 0, nullptr,
            dlogits, logits, targets, dloss, N, V, Vp);
+}
+
+inline void crossentropy_fused(float* losses, float* dlogits, const float* logits, const int* targets, float dloss,
+                               int N, int V, int Vp) {
+    if (N == 0) return;
+    const int rows_per_block = kClassifierThreads / 32;
+    launch(crossentropy_fused_kernel, ceil_div(N, rows_per_block), kClassifierThreads, 0, nullptr, losses, dlogits,
+           logits, targets, dloss, N, V, Vp);
 }
 
 }  // namespace knngpt::cuda
