@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/matmul.h"
@@ -324,6 +325,49 @@ TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
     knngpt::cuda::unregister_parameters(d_params.ptr);
     EXPECT_EQ(knngpt::cuda::bf16_copy_of(weight, weight_count), nullptr);
     EXPECT_EQ(forward(weight), std::vector<float>((size_t)N * OC, 0.0f)) << "unregistered: converted again";
+}
+
+// ---- epilogues -------------------------------------------------------------------
+//
+// The bias add and GELU in the GEMM's epilogue (emulated library) or as our
+// kernels, for every matmul_fusion() setting, give the CPU twin's result
+// (fp32 operands, 1e-5): matmul_forward with and without bias, and
+// matmul_forward_gelu's two outputs. Two shapes: OC = 29 rows per column of
+// the column-major output is not a multiple of 8, as the GELU input's leading
+// dimension must be for the real library (which then falls back to our
+// kernels); OC = 32 is, so on a GPU the fused GELU runs too.
+
+TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
+    PrecisionScope fp32(MatmulPrecision::FP32);
+    using knngpt::cuda::matmul_fusion;
+    using knngpt::cuda::MatmulFusion;
+    const MatmulFusion saved = matmul_fusion();
+    for (const Shape s : {Shape{13, 45, 29}, Shape{9, 40, 32}})
+    for (MatmulFusion fusion : {MatmulFusion::None, MatmulFusion::Bias, MatmulFusion::BiasGelu}) {
+        const int N = s.N, C = s.C, OC = s.OC;
+        const std::vector<float> inp = uniform((size_t)N * C, 30), weight = uniform((size_t)OC * C, 31),
+                                 bias = uniform(OC, 32);
+        DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
+        matmul_fusion() = fusion;
+        for (bool with_bias : {true, false}) {
+            SCOPED_TRACE("OC " + std::to_string(OC) + ", fusion " + std::to_string((int)fusion) +
+                         (with_bias ? ", bias" : ", no bias"));
+            const float* b = with_bias ? bias.data() : nullptr;
+            const float* d_b = with_bias ? d_bias.ptr : nullptr;
+            std::vector<float> want((size_t)N * OC), want_gelu((size_t)N * OC);
+            knngpt::cpu::matmul_forward(want.data(), inp.data(), weight.data(), b, N, C, OC);
+            DeviceArray<float> d_out(std::vector<float>(want.size(), 7.0f));
+            knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
+            expect_close(d_out.to_host(), want, "matmul_forward");
+
+            knngpt::cpu::matmul_forward_gelu(want_gelu.data(), want.data(), inp.data(), weight.data(), b, N, C, OC);
+            DeviceArray<float> d_pre(std::vector<float>(want.size(), 7.0f)), d_gelu(std::vector<float>(want.size(), 7.0f));
+            knngpt::cuda::matmul_forward_gelu(d_gelu.ptr, d_pre.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
+            expect_close(d_pre.to_host(), want, "matmul_forward_gelu: GELU input");
+            expect_close(d_gelu.to_host(), want_gelu, "matmul_forward_gelu: GELU output");
+        }
+    }
+    matmul_fusion() = saved;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // kernels/cpu/matmul.h — fully connected layer, through OpenBLAS sgemm.
 //
 //   forward:  out = inp @ weight^T + bias            out[n,o] = sum_c inp[n,c] weight[o,c] + bias[o]
+//   forward_gelu: pre_gelu = inp @ weight^T + bias, out_gelu = gelu(pre_gelu)   (gelu.h)
 //   backward: dinp    += dout @ weight               (N, C)
 //             dweight += dout^T @ inp                (OC, C)
 //             dbias   += sum_n dout[n, :]            (OC)
@@ -22,6 +23,8 @@
 #include <cblas.h>
 
 #include <cstddef>
+
+#include "kernels/cpu/gelu.h"
 
 namespace knngpt::cpu {
 
@@ -83,6 +86,15 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
         float* out_n = out + (size_t)n * OC;
         for (int o = 0; o < OC; o++) out_n[o] += bias[o];
     }
+}
+
+// out_gelu = gelu(inp @ weight^T + bias), pre_gelu = GELU's input: the MLP's
+// first layer, one op so that backends can fuse GELU into the GEMM (the CUDA
+// one does); here simply the two ops. Both outputs (N, OC).
+inline void matmul_forward_gelu(float* out_gelu, float* pre_gelu, const float* inp, const float* weight,
+                                const float* bias, int N, int C, int OC) {
+    matmul_forward(pre_gelu, inp, weight, bias, N, C, OC);
+    gelu_forward(out_gelu, pre_gelu, (size_t)N * OC);
 }
 
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,

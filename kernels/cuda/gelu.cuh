@@ -19,14 +19,18 @@ constexpr int kGeluThreads = 256;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 constexpr float kGeluCubic = 0.044715f;
 
+// y(x) above; also the GELU of the emulated matmul epilogue (matmul.cuh).
+__host__ __device__ __forceinline__ float gelu_tanh(float x) {
+    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+}
+
 // ---- CUDA kernels -------------------------------------------------------------
 
 __global__ void gelu_forward_kernel(float* out, const float* inp, size_t N) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    out[i] = 0.5f * x * (1.0f + tanhf(u));
+    out[i] = gelu_tanh(inp[i]);
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t N) {

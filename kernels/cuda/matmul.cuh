@@ -2,6 +2,7 @@
 // kernels/cpu/matmul.h.
 //
 //   forward:  out = inp @ weight^T + bias            out[n,o] = sum_c inp[n,c] weight[o,c] + bias[o]
+//   forward_gelu: pre_gelu = inp @ weight^T + bias,  out_gelu = gelu(pre_gelu)   (gelu.cuh's tanh form)
 //   backward: dinp    += dout @ weight               (N, C)
 //             dweight += dout^T @ inp                (OC, C)
 //             dbias   += sum_n dout[n, :]            (OC)
@@ -48,6 +49,16 @@
 // scratch is shared: call the matmuls from one host thread, on the default
 // stream (as everything here does).
 //
+// Epilogues. cuBLASLt can add the bias (CUBLASLT_EPILOGUE_BIAS) and apply
+// GELU while storing its input (CUBLASLT_EPILOGUE_GELU_AUX_BIAS) as it writes
+// the product, saving our separate passes over the (N, OC) output.
+// matmul_fusion() chooses how much is handed to it: by default bias and GELU
+// on sm_90+ GPUs, the bias alone on older ones. Where the library offers no
+// algorithm for an epilogue (the GELU input's leading dimension must be a
+// multiple of 8), the GEMM runs plain and our bias and GELU kernels follow.
+// Under the emulator the library's epilogue is emulated on the host (fp32,
+// gelu_tanh of gelu.cuh), so both paths are tested against the CPU twin.
+//
 // Layout trick. Both libraries are called column-major. A row-major (R, K)
 // array with leading dimension K is, read column-major, its transpose: a
 // (K, R) matrix with ld = K. So each row-major product Y = P @ Q is computed as
@@ -66,6 +77,7 @@
 
 #include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gelu.cuh"
 
 #if defined(KNNGPT_CUDA_EMU)
 #include <cblas.h>
@@ -95,6 +107,30 @@ inline MatmulPrecision& matmul_precision() {
     static MatmulPrecision precision = MatmulPrecision::BF16;
 #endif
     return precision;
+}
+
+// What the GEMM library's epilogue does for us (see "Epilogues" in the header):
+//   None      nothing: the bias add and GELU are our own kernels
+//   Bias      the bias add (matmul_forward, and the GEMM of matmul_forward_gelu)
+//   BiasGelu  the bias add, and GELU with its input stored (matmul_forward_gelu)
+enum class MatmulFusion { None, Bias, BiasGelu };
+
+// Starts as BiasGelu on an sm_90 or newer GPU and under the emulator, Bias on
+// older GPUs (where the fused GELU epilogue has not paid in other trainers).
+// Tests assign it to cover every path.
+inline MatmulFusion& matmul_fusion() {
+    static MatmulFusion fusion = [] {
+#if defined(KNNGPT_CUDA_EMU)
+        return MatmulFusion::BiasGelu;
+#else
+        int device = 0;
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        return prop.major >= 9 ? MatmulFusion::BiasGelu : MatmulFusion::Bias;
+#endif
+    }();
+    return fusion;
 }
 
 // ---- CUDA kernels -------------------------------------------------------------
@@ -191,17 +227,34 @@ inline const float* widen_bf16(int slot, const void* x, size_t count) {
 }
 #endif
 
-// C (m, n) = op(A) (m, k) . op(B) (k, n) + beta C, all column-major, alpha = 1.
-// A and B are float arrays (FP32) or __nv_bfloat16 arrays (BF16); C is float
-// and the accumulation fp32 in both.
-inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
-                           int lda, const void* B, int ldb, float beta, float* C, int ldc) {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // empty sum: C = beta C
+// What the library applies to the product before storing it in C (beta = 0 only):
+//   x = (A B)[i, j] + bias[i]              bias: (m) or nullptr
+//   gelu_input[i + j ldc] = x, C = gelu(x)  when gelu_input is set (same layout as C)
+struct GemmEpilogue {
+    const float* bias = nullptr;
+    float* gelu_input = nullptr;
+    bool empty() const { return bias == nullptr && gelu_input == nullptr; }
+};
+
+// C (m, n) = op(A) (m, k) . op(B) (k, n) + beta C, all column-major, alpha = 1,
+// then the epilogue. A and B are float arrays (FP32) or __nv_bfloat16 arrays
+// (BF16); C is float and the accumulation fp32 in both. Returns false, having
+// done nothing, when the library has no algorithm for the epilogue (the caller
+// then runs the GEMM without it and our own kernels).
+inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
+                           int lda, const void* B, int ldb, float beta, float* C, int ldc,
+                           const GemmEpilogue& epilogue = GemmEpilogue{}) {
+    if (m == 0 || n == 0) return true;
+    if (k == 0 && epilogue.empty()) {  // empty sum: C = beta C
         if (beta == 0.0f) {
             for (int j = 0; j < n; j++) CUDA_CHECK(cudaMemset(C + (size_t)j * ldc, 0, (size_t)m * sizeof(float)));
         }
-        return;
+        return true;
+    }
+    if (k == 0) return false;  // an empty product with an epilogue: our kernels do it
+    if (!epilogue.empty() && beta != 0.0f) {
+        std::fprintf(stderr, "%s:%d: matmul: an epilogue needs beta = 0\n", __FILE__, __LINE__);
+        std::exit(1);
     }
     const float alpha = 1.0f;
 #if defined(KNNGPT_CUDA_EMU)
@@ -214,6 +267,19 @@ inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
     }
     cblas_sgemm(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
                 alpha, a, lda, b, ldb, beta, C, ldc);
+    // the emulated library's epilogue, elementwise in fp32 as cuBLASLt's
+    for (int j = 0; j < n && !epilogue.empty(); j++) {
+        for (int i = 0; i < m; i++) {
+            const size_t at = (size_t)j * ldc + i;
+            float x = C[at] + (epilogue.bias ? epilogue.bias[i] : 0.0f);
+            if (epilogue.gelu_input) {
+                epilogue.gelu_input[at] = x;
+                x = gelu_tanh(x);
+            }
+            C[at] = x;
+        }
+    }
+    return true;
 #else
     CublasLtContext& context = cublaslt_context();
     const cudaDataType_t ab_type = precision == MatmulPrecision::BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -223,6 +289,23 @@ inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (!epilogue.empty()) {
+        // bias and GELU input in fp32, the type of D (the library's default)
+        cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
+        if (epilogue.gelu_input) kind = epilogue.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+        if (epilogue.bias) {
+            KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue.bias,
+                                                               sizeof(epilogue.bias)));
+        }
+        if (epilogue.gelu_input) {
+            const int64_t aux_ld = ldc;  // the library needs a multiple of 8, else it offers no algorithm
+            KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                               &epilogue.gelu_input, sizeof(epilogue.gelu_input)));
+            KNNGPT_CUBLAS_CHECK(
+                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        }
+    }
     // layouts describe the stored arrays, before op()
     cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
     KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, ab_type, trans_a ? k : m, trans_a ? m : k, lda));
@@ -237,6 +320,14 @@ inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
     int returned = 0;
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(context.handle, desc, layout_a, layout_b, layout_c, layout_c,
                                                        preference, 1, &heuristic, &returned));
+    if (returned == 0 && !epilogue.empty()) {  // no fused algorithm: the caller runs our kernels
+        KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+        KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_c));
+        KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
+        KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
+        KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+        return false;
+    }
     if (returned == 0) {
         std::fprintf(stderr, "%s:%d: cuBLASLt: no %s algorithm for m=%d n=%d k=%d\n", __FILE__, __LINE__,
                      precision == MatmulPrecision::BF16 ? "bf16" : "fp32", m, n, k);
@@ -249,6 +340,7 @@ inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
     KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
     KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
+    return true;
 #endif
 }
 
@@ -256,8 +348,13 @@ inline void gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
 
 // ---- host launchers -----------------------------------------------------------
 
-inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-                           int OC) {
+// out = inp @ weight^T (+ bias); with gelu_out also gelu_out = gelu(out)
+// (out then holds GELU's input). The bias add and GELU run in the GEMM's
+// epilogue as far as matmul_fusion() allows and the library offers an
+// algorithm, else as our own kernels: the same values either way (up to the
+// library's rounding of GELU).
+inline void matmul_forward_epilogue(float* out, float* gelu_out, const float* inp, const float* weight,
+                                    const float* bias, int N, int C, int OC) {
     if (N == 0 || OC == 0) return;
     const MatmulPrecision precision = matmul_precision();
     const void* a = weight;  // the GEMM operands: the fp32 arrays, or their bf16 roundings
@@ -266,12 +363,38 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
         a = detail::weight_to_bf16(0, weight, (size_t)OC * C);
         b = detail::to_bf16(1, inp, (size_t)N * C);
     }
-    // out^T (OC, N) = weight (OC, C) . inp^T (C, N)
-    detail::gemm_col_major(precision, true, false, OC, N, C, a, C, b, C, 0.0f, out, OC);
-    if (bias == nullptr) return;
-    const size_t total = (size_t)N * OC;
-    launch(matmul_bias_add_kernel, (unsigned)ceil_div(total, (size_t)kMatmulBiasThreads), kMatmulBiasThreads, 0,
-           nullptr, out, bias, N, OC);
+    // out^T (OC, N) = weight (OC, C) . inp^T (C, N); with GELU fused the GEMM
+    // writes gelu_out and stores its input in out
+    const MatmulFusion fusion = matmul_fusion();
+    detail::GemmEpilogue epilogue;
+    if (fusion != MatmulFusion::None) epilogue.bias = bias;
+    const bool fuse_gelu = gelu_out != nullptr && fusion == MatmulFusion::BiasGelu;
+    if (fuse_gelu) epilogue.gelu_input = out;
+    bool fused = !epilogue.empty() &&
+                 detail::gemm_col_major(precision, true, false, OC, N, C, a, C, b, C, 0.0f, fuse_gelu ? gelu_out : out,
+                                        OC, epilogue);
+    if (fused && fuse_gelu) return;
+    if (!fused) {
+        detail::gemm_col_major(precision, true, false, OC, N, C, a, C, b, C, 0.0f, out, OC);
+        if (bias != nullptr) {
+            const size_t total = (size_t)N * OC;
+            launch(matmul_bias_add_kernel, (unsigned)ceil_div(total, (size_t)kMatmulBiasThreads), kMatmulBiasThreads,
+                   0, nullptr, out, bias, N, OC);
+        }
+    }
+    if (gelu_out != nullptr) gelu_forward(gelu_out, out, (size_t)N * OC);
+}
+
+inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                           int OC) {
+    matmul_forward_epilogue(out, nullptr, inp, weight, bias, N, C, OC);
+}
+
+// out_gelu = gelu(inp @ weight^T + bias), pre_gelu = GELU's input; the MLP's
+// first layer (shapes as matmul_forward, both outputs (N, OC)).
+inline void matmul_forward_gelu(float* out_gelu, float* pre_gelu, const float* inp, const float* weight,
+                                const float* bias, int N, int C, int OC) {
+    matmul_forward_epilogue(pre_gelu, out_gelu, inp, weight, bias, N, C, OC);
 }
 
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
