@@ -15,6 +15,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -170,7 +171,7 @@ struct ActivationTensors {
     float* lnf;        // (B, T, C)
     float* lnf_mean;   // (B, T)
     float* lnf_rstd;   // (B, T)
-    float* logits;     // (B, T, Vp)     overwritten by dlogits in the backward
+    float* logits;     // (B, T, Vp)     overwritten by dlogits in the backward (or the fused forward)
     float* losses;     // (B, T)
 };
 
@@ -253,12 +254,17 @@ struct GPT {
     int cur_B = 0, cur_T = 0;       // shape of the last forward
     bool have_targets = false;      // did the last forward compute the loss?
     float mean_loss = -1.0f;        // mean loss of the last forward with targets
+    // A fused forward (gpt_forward with fused_dloss > 0) writes dlogits over the
+    // logits; the classifier backward is then done, for this dloss only.
+    bool dlogits_ready = false;
+    float fused_dloss = 0.0f;
     std::vector<float> host_losses; // (B, T) per-token losses of the last forward
 
     GPT() = default;
     GPT(const GPT&) = delete;
     GPT& operator=(const GPT&) = delete;
     ~GPT() {
+        ops::unregister_parameters(params_memory);
         for (void* p : {(void*)params_memory, (void*)grads_memory, (void*)m_memory, (void*)v_memory,
                         (void*)acts_memory, (void*)grad_acts_memory, (void*)inputs, (void*)targets,
                         (void*)attn_idx_memory, (void*)attn_logw_memory, (void*)attn_topk_scratch})
@@ -322,6 +328,9 @@ inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<flo
     model.m_memory = ops::device_alloc<float>(n);
     model.v_memory = ops::device_alloc<float>(n);
     ops::copy_to_device(model.params_memory, host_params.data(), n * sizeof(float));
+    // from here on the parameters change only through ops::adamw_update, which
+    // keeps whatever the backend derives from them (bf16 copy) up to date
+    ops::register_parameters(model.params_memory, n);
     ops::device_zero(model.grads_memory, n * sizeof(float));
     ops::device_zero(model.m_memory, n * sizeof(float));
     ops::device_zero(model.v_memory, n * sizeof(float));
@@ -361,7 +370,15 @@ inline std::vector<float> gpt_host_parameters(const GPT& model) {
 // also computes the per-token losses and their mean (model.mean_loss); with
 // targets == nullptr only the logits. B and T may be smaller than the
 // allocated batch (used for sampling).
-inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targets, int B, int T) {
+//
+// fused_dloss > 0 (with targets) fuses the classifier's backward into the
+// forward, as the training step does: one pass per row writes the losses and
+// the dlogits for that dloss (the value the following gpt_backward must get),
+// in place, so after it acts.logits holds dlogits, not logits, and
+// gpt_logits_at refuses to read them. The losses and mean_loss are the same
+// as without fusing. Evaluation and sampling leave it at 0.
+inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targets, int B, int T,
+                        float fused_dloss = 0.0f) {
     const GPTConfig& cfg = model.config;
     if (B < 1 || B > model.B || T < 1 || T > model.T)
         throw std::runtime_error("forward: batch (" + std::to_string(B) + ", " + std::to_string(T) +
@@ -376,6 +393,8 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
     model.cur_B = B;
     model.cur_T = T;
     model.have_targets = host_targets != nullptr;
+    model.dlogits_ready = false;  // set again below by a fused forward
+    model.fused_dloss = 0.0f;
     const int C = cfg.channels, L = cfg.num_layers, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
     const int N = B * T;
     // per-layer strides use the allocated (B, T), so the layout never depends on the current batch
@@ -396,8 +415,9 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
         ops::matmul_forward(la.attproj, la.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, N, C, C);
         ops::residual_forward(la.residual2, residual, la.attproj, (size_t)N * C);
         ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);
-        ops::matmul_forward(la.fch, la.ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, N, C, 4 * C);
-        ops::gelu_forward(la.fch_gelu, la.fch, (size_t)N * 4 * C);
+        // fch = ln2 @ fcw^T + fcb and fch_gelu = gelu(fch), one op (the CUDA GEMM can fuse the GELU)
+        ops::matmul_forward_gelu(la.fch_gelu, la.fch, la.ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, N, C,
+                                 4 * C);
         ops::matmul_forward(la.fcproj, la.fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, N, 4 * C, C);
         ops::residual_forward(la.residual3, la.residual2, la.fcproj, (size_t)N * C);
         residual = la.residual3;
@@ -406,7 +426,14 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
     ops::matmul_forward(a.logits, a.lnf, p.wte, nullptr, N, C, Vp);
 
     if (host_targets) {
-        ops::crossentropy_forward(a.losses, a.logits, model.targets, N, V, Vp);
+        if (fused_dloss > 0.0f) {
+            // losses and dlogits in one pass; dlogits overwrite the logits in place
+            ops::crossentropy_fused(a.losses, a.logits, a.logits, model.targets, fused_dloss, N, V, Vp);
+            model.dlogits_ready = true;
+            model.fused_dloss = fused_dloss;
+        } else {
+            ops::crossentropy_forward(a.losses, a.logits, model.targets, N, V, Vp);
+        }
         ops::copy_to_host(model.host_losses.data(), a.losses, (size_t)N * sizeof(float));
         double sum = 0.0;
         for (int i = 0; i < N; i++) sum += model.host_losses[i];
@@ -417,7 +444,10 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
 }
 
 // Logits of one position of the last forward, copied to the host (Vp floats).
+// Not after a fused forward, whose logits buffer holds dlogits.
 inline void gpt_logits_at(const GPT& model, int b, int t, float* host_logits) {
+    if (model.dlogits_ready)
+        throw std::runtime_error("logits: the last forward was fused (fused_dloss > 0), the logits buffer holds dlogits");
     size_t offset = ((size_t)b * model.cur_T + t) * model.config.padded_vocab_size;
     ops::copy_to_host(host_logits, model.acts.logits + offset, model.config.padded_vocab_size * sizeof(float));
 }
@@ -430,9 +460,16 @@ inline void gpt_zero_grad(GPT& model) {
 // Accumulates into the parameter gradients (call gpt_zero_grad once per
 // optimizer step), so gradient accumulation is repeated forward + backward.
 // dloss is the weight of each token's loss in the objective: 1 / (B·T) for a
-// plain mean, 1 / (B·T·accumulation steps) when accumulating.
+// plain mean, 1 / (B·T·accumulation steps) when accumulating. After a fused
+// forward the dlogits are already there, and dloss must be its fused_dloss.
 inline void gpt_backward(GPT& model, float dloss) {
     if (!model.have_targets) throw std::runtime_error("backward: the last forward had no targets");
+    if (model.dlogits_ready && dloss != model.fused_dloss) {
+        char msg[160];
+        std::snprintf(msg, sizeof(msg), "backward: dloss %.9g differs from the fused_dloss %.9g of the last forward",
+                      dloss, model.fused_dloss);
+        throw std::runtime_error(msg);
+    }
     const GPTConfig& cfg = model.config;
     const int B = model.cur_B, T = model.cur_T;
     const int C = cfg.channels, L = cfg.num_layers, NH = cfg.num_heads, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
@@ -446,9 +483,9 @@ inline void gpt_backward(GPT& model, float dloss) {
     // the backward ops accumulate (+=), so the activation gradients start at 0
     ops::device_zero(model.grad_acts_memory, model.num_grad_acts * sizeof(float));
 
-    // classifier: dlogits overwrite the logits in place
+    // classifier: dlogits overwrite the logits in place (already done by a fused forward)
     float* dlogits = a.logits;
-    ops::crossentropy_softmax_backward(dlogits, a.logits, model.targets, dloss, N, V, Vp);
+    if (!model.dlogits_ready) ops::crossentropy_softmax_backward(dlogits, a.logits, model.targets, dloss, N, V, Vp);
     ops::matmul_backward(ga.ln, g.wte, nullptr, dlogits, a.lnf, p.wte, N, C, Vp);
     float* last_residual = a.residual3 + (L - 1) * BTa * C;
     ops::layernorm_backward(ga.residual, g.lnfw, g.lnfb, ga.ln, last_residual, p.lnfw, a.lnf_mean, a.lnf_rstd, N, C);

@@ -346,3 +346,42 @@ TEST(Model, GradientAccumulationEqualsOneBigBatch) {
     ops::copy_to_host(gs.data(), small.grads_memory, gs.size() * sizeof(float));
     EXPECT_LT(max_rel_error(gs.data(), gb.data(), gb.size()), 1e-5);
 }
+
+TEST(Model, FusedClassifierGivesTheSameLossAndGradients) {
+    // the training step's fused forward (losses and dlogits in one pass) against forward + backward
+    GPTConfig c = tiny_config();  // V = 30 padded to Vp = 32
+    std::vector<float> init = gpt_random_init(c, 9);
+    std::vector<int> in(2 * 8), tg(2 * 8);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (int)(i * 5 % 30), tg[i] = (int)((i * 13 + 29) % 30);
+    const float dloss = 1.0f / (2 * 16);  // as with two accumulation steps
+    GPT plain, fused;
+    gpt_build(plain, c, init, 2, 8);
+    gpt_build(fused, c, init, 2, 8);
+    gpt_zero_grad(plain);
+    gpt_forward(plain, in.data(), tg.data(), 2, 8);
+    gpt_backward(plain, dloss);
+    gpt_zero_grad(fused);
+    gpt_forward(fused, in.data(), tg.data(), 2, 8, dloss);
+    EXPECT_TRUE(fused.dlogits_ready);
+    gpt_backward(fused, dloss);
+    EXPECT_EQ(fused.mean_loss, plain.mean_loss);
+    EXPECT_EQ(fused.host_losses, plain.host_losses);
+    std::vector<float> gp(plain.num_parameters), gf(fused.num_parameters);
+    ops::copy_to_host(gp.data(), plain.grads_memory, gp.size() * sizeof(float));
+    ops::copy_to_host(gf.data(), fused.grads_memory, gf.size() * sizeof(float));
+    EXPECT_LT(max_rel_error(gf.data(), gp.data(), gp.size()), 1e-6);
+
+    // the logits buffer holds dlogits after a fused forward
+    std::vector<float> logits(c.padded_vocab_size);
+    EXPECT_THROW(gpt_logits_at(fused, 0, 0, logits.data()), std::runtime_error);
+
+    // the backward must get the dloss the forward fused
+    gpt_forward(fused, in.data(), tg.data(), 2, 8, dloss);
+    EXPECT_THROW(gpt_backward(fused, 2.0f * dloss), std::runtime_error);
+
+    // a later plain forward resets it: logits readable, any dloss accepted
+    gpt_forward(fused, in.data(), tg.data(), 2, 8);
+    EXPECT_FALSE(fused.dlogits_ready);
+    EXPECT_NO_THROW(gpt_logits_at(fused, 0, 0, logits.data()));
+    EXPECT_NO_THROW(gpt_backward(fused, 2.0f * dloss));
+}

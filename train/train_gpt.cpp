@@ -587,8 +587,10 @@ static int run(const Options& o) {
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
             model.attn.step = (uint32_t)((long)step * accum_steps + micro);
-            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T);
-            gpt_backward(model, 1.0f / (float)(tokens_per_micro * accum_steps));
+            // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
+            const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps);
+            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, dloss);
+            gpt_backward(model, dloss);
             loss_sum += model.mean_loss;
         }
         float lr = learning_rate_at(schedule, o.lr, step, o.warmup, (int)train_steps, o.final_lr_frac);
