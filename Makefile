@@ -95,10 +95,14 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 	  $(PYTHON) tests/reference/gpt2_reference.py --out $(BUILD)/reference; \
 	else echo "python3-torch not found: PyTorch reference tests will be skipped"; fi
 
-# The native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
+# Where nvcc exists, make test also builds train_gpt (compile and link). The
+# native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
 test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
+	@if command -v $(NVCC) >/dev/null 2>&1; then \
+	  $(MAKE) --no-print-directory train_gpt && echo "train_gpt: compiled and linked with nvcc"; \
+	else echo "train_gpt: not built (no nvcc here)"; fi
 	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && command -v $(NVCC) >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory test-native; \
 	else echo "cuda kernels run natively: 0 (native CUDA tests skipped: no GPU here, nvidia-smi lists none; tools/gpu_check.sh runs them on a GPU machine)"; fi
