@@ -52,29 +52,9 @@ inline void crossentropy_forward(float* losses, const float* logits, const int* 
     }
 }
 
-inline void crossentropy_softmax_backward(float* dlogits, const float* logits, const int* targets,
-                                          float dloss, int N, int V, int Vp) {
-    #pragma omp parallel for
-    for (int n = 0; n < N; n++) {
-        const float* row = logits + (size_t)n * Vp;
-        float* drow = dlogits + (size_t)n * Vp;
-        // read the whole row first: drow may be the same memory as row
-        float row_max, exp_sum;
-        softmax_row_stats(row, V, &row_max, &exp_sum);
-        const float inv_sum = 1.0f / exp_sum;
-        const int target = targets[n];
-        #pragma omp simd
-        for (int j = 0; j < V; j++) {
-            const float prob = exp_vectorizable(row[j] - row_max) * inv_sum;
-            const float indicator = j == target ? 1.0f : 0.0f;
-            drow[j] = (prob - indicator) * dloss;
-        }
-        for (int j = V; j < Vp; j++) drow[j] = 0.0f;
-    }
-}
-
 // losses (N) and dlogits (N, Vp) together: per row the stats once, then the loss, then
 // the writes. Same values as crossentropy_forward + crossentropy_softmax_backward.
+// losses == nullptr: dlogits only (crossentropy_softmax_backward).
 inline void crossentropy_fused(float* losses, float* dlogits, const float* logits, const int* targets,
                                float dloss, int N, int V, int Vp) {
     #pragma omp parallel for
@@ -86,7 +66,7 @@ inline void crossentropy_fused(float* losses, float* dlogits, const float* logit
         softmax_row_stats(row, V, &row_max, &exp_sum);
         const int target = targets[n];
         const float logsumexp = row_max + std::log(exp_sum);
-        losses[n] = logsumexp - row[target];
+        if (losses) losses[n] = logsumexp - row[target];
         const float inv_sum = 1.0f / exp_sum;
         #pragma omp simd
         for (int j = 0; j < V; j++) {
@@ -96,6 +76,11 @@ inline void crossentropy_fused(float* losses, float* dlogits, const float* logit
         }
         for (int j = V; j < Vp; j++) drow[j] = 0.0f;
     }
+}
+
+inline void crossentropy_softmax_backward(float* dlogits, const float* logits, const int* targets,
+                                          float dloss, int N, int V, int Vp) {
+    crossentropy_fused(nullptr, dlogits, logits, targets, dloss, N, V, Vp);
 }
 
 }  // namespace knngpt::cpu

@@ -13,10 +13,11 @@
 // dlogits (=, not +=), and dlogits may alias logits.
 //
 // Design: one warp per row, two passes for the row statistics (max, then
-// sum of exp(x - max)) with warp_reduce_max / warp_reduce_sum. In backward the
+// sum of exp(x - max)) with warp_reduce_max / warp_reduce_sum. The backward is
+// the fused kernel without the losses. In the fused kernel the
 // whole warp has finished both reductions (the shuffles synchronise it) before
 // any lane writes, and each lane then overwrites only the elements it reads
-// itself, so the in-place call is safe. The fused kernel also needs the
+// itself, so the in-place call is safe. The loss also needs the
 // target's logit, which another lane may overwrite: every lane reads it before
 // the reductions, so it is in a register before any write.
 #pragma once
@@ -56,27 +57,8 @@ __global__ void crossentropy_forward_kernel(float* losses, const float* logits, 
     if (lane_id == 0) losses[n] = row_max + logf(exp_sum) - row[targets[n]];
 }
 
-__global__ void crossentropy_softmax_backward_kernel(float* dlogits, const float* logits, const int* targets,
-                                                     float dloss, int N, int V, int Vp) {
-    const int lane_id = threadIdx.x % 32;
-    const int warp_id = threadIdx.x / 32;
-    const int n = blockIdx.x * (blockDim.x / 32) + warp_id;
-    if (n >= N) return;
-    const float* row = logits + (size_t)n * Vp;
-    float* drow = dlogits + (size_t)n * Vp;
-    float row_max, exp_sum;
-    warp_softmax_row_stats(row, V, lane_id, &row_max, &exp_sum);
-    const float inv_sum = 1.0f / exp_sum;
-    const int target = targets[n];
-    for (int j = lane_id; j < V; j += 32) {
-        const float prob = expf(row[j] - row_max) * inv_sum;
-        const float indicator = j == target ? 1.0f : 0.0f;
-        drow[j] = (prob - indicator) * dloss;
-    }
-    for (int j = V + lane_id; j < Vp; j += 32) drow[j] = 0.0f;
-}
-
 // losses (N) and dlogits (N, Vp) in one kernel: the row statistics once, then the loss and the writes.
+// losses == nullptr: dlogits only (the backward).
 __global__ void crossentropy_fused_kernel(float* losses, float* dlogits, const float* logits, const int* targets,
                                           float dloss, int N, int V, int Vp) {
     const int lane_id = threadIdx.x % 32;
@@ -89,7 +71,7 @@ __global__ void crossentropy_fused_kernel(float* losses, float* dlogits, const f
     const float target_logit = row[target];  // before the shuffles below, so before any lane writes
     float row_max, exp_sum;
     warp_softmax_row_stats(row, V, lane_id, &row_max, &exp_sum);
-    if (lane_id == 0) losses[n] = row_max + logf(exp_sum) - target_logit;
+    if (losses && lane_id == 0) losses[n] = row_max + logf(exp_sum) - target_logit;
     const float inv_sum = 1.0f / exp_sum;
     for (int j = lane_id; j < V; j += 32) {
         const float prob = expf(row[j] - row_max) * inv_sum;
@@ -108,20 +90,17 @@ inline void crossentropy_forward(float* losses, const float* logits, const int* 
            targets, N, V, Vp);
 }
 
-inline void crossentropy_softmax_backward(float* dlogits, const float* logits, const int* targets, float dloss,
-                                          int N, int V, int Vp) {
-    if (N == 0) return;
-    const int rows_per_block = kClassifierThreads / 32;
-    launch(crossentropy_softmax_backward_kernel, ceil_div(N, rows_per_block), kClassifierThreads, 0, nullptr,
-           dlogits, logits, targets, dloss, N, V, Vp);
-}
-
 inline void crossentropy_fused(float* losses, float* dlogits, const float* logits, const int* targets, float dloss,
                                int N, int V, int Vp) {
     if (N == 0) return;
     const int rows_per_block = kClassifierThreads / 32;
     launch(crossentropy_fused_kernel, ceil_div(N, rows_per_block), kClassifierThreads, 0, nullptr, losses, dlogits,
            logits, targets, dloss, N, V, Vp);
+}
+
+inline void crossentropy_softmax_backward(float* dlogits, const float* logits, const int* targets, float dloss,
+                                          int N, int V, int Vp) {
+    crossentropy_fused(nullptr, dlogits, logits, targets, dloss, N, V, Vp);
 }
 
 }  // namespace knngpt::cuda
