@@ -115,6 +115,12 @@ test-native: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/
 	  KNNGPT_CUDA_TRAINER_BF16=$(BUILD)/native/train_gpt_bf16 \
 	  sh tools/run_tests.sh $(NATIVE_TEST_BINS) $(BUILD)/tests/test_cuda_trainer
 
+# exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)
+$(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(HEADERS)
+	$(NEED_NVCC)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LIBS)
+
 # the two precisions of train_gpt for the native trainer comparison
 $(BUILD)/native/train_gpt_fp32: train/train_gpt.cpp $(HEADERS)
 	$(NEED_NVCC)
