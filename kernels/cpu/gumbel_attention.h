@@ -66,6 +66,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/fma_dot.h"
 #include "kernels/common/philox.h"
 #include "kernels/cpu/attention.h"
 
@@ -93,11 +94,10 @@ inline int lazy_gumbel_default_max_exceeders(int tail, int head) {
     return 8 * ((tail + head - 1) / head) + 8;
 }
 
-// s_ij = tau q_i . k_j, accumulated in fp32 like the exact kernel's scores.
+// s_ij = tau q_i . k_j with the dot product of fma_dot.h, so the CUDA sampler
+// (kernels/cuda/sampled_grad.cuh) computes the same score bit for bit.
 inline float lazy_gumbel_score(const float* q_i, const float* k_j, int HS, float tau) {
-    float dot = 0.0f;
-    for (int c = 0; c < HS; c++) dot += q_i[c] * k_j[c];
-    return tau * dot;
+    return tau * fma_dot(q_i, k_j, HS);
 }
 
 // Fp64 uniform number d of `purpose` for the sample whose block starts at call `base`.

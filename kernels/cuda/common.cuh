@@ -52,13 +52,20 @@ void launch_kernel(const char* file, int line, const char* launch_text, void (*k
 
 // Sum over the 32 lanes of the warp by an xor butterfly: after log2(32)
 // exchanges every lane holds the total.
-__device__ __forceinline__ float warp_reduce_sum(float value) {
+// (float or double)
+template <typename Real>
+__device__ __forceinline__ Real warp_reduce_sum(Real value) {
     for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xFFFFFFFFu, value, offset);
     return value;
 }
 
 __device__ __forceinline__ float warp_reduce_max(float value) {
     for (int offset = 16; offset > 0; offset >>= 1) value = fmaxf(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+    return value;
+}
+
+__device__ __forceinline__ double warp_reduce_max(double value) {
+    for (int offset = 16; offset > 0; offset >>= 1) value = fmax(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
     return value;
 }
 

@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/common/fma_dot.h"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -45,9 +46,7 @@ constexpr int kTopkRadixBins = 256;  // 8 bits per pass, 4 passes
 
 // The score of the CPU twin (topk_score): a sequential fma chain from 0.
 __device__ __forceinline__ float topk_score_device(const float* q, const float* key, int HS) {
-    float acc = 0.0f;
-    for (int d = 0; d < HS; d++) acc = fmaf(q[d], key[d], acc);
-    return acc;
+    return fma_dot(q, key, HS);
 }
 
 // A score as an unsigned key with the same order: for x >= 0 set the sign bit,
