@@ -128,7 +128,8 @@ inline void validate_attn_config(const AttnConfig& a) {
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
         throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
     // what this build's kernels cover (the CPU backend: everything)
-    std::string unsupported = ops::attention_unsupported(a.mode, a.index, a.grad);
+    std::string unsupported =
+        ops::attention_unsupported(a.mode, a.index, a.grad, a.sampled_from_lazy_gumbel(), a.grad_signed_dv);
     if (!unsupported.empty()) throw std::runtime_error(unsupported);
 }
 

@@ -123,6 +123,13 @@ TEST_F(CudaTrainer, KnnTailAttentionMatchesCpuTrainer) {
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5");
 }
 
+// The sampled backward (samples from the exact row): the same Philox draws in
+// both builds, so the same samples and the same steps.
+TEST_F(CudaTrainer, SampledGradientMatchesCpuTrainer) {
+    expect_same_run(" --attn-grad sampled --attn-grad-samples 4 --attn-seed 7");
+    expect_same_run(" --attn knn --attn-k 5 --attn-grad sampled --attn-grad-source exact-row --attn-seed 9");
+}
+
 TEST_F(CudaTrainer, Bf16BuildStaysCloseToCpuTrainer) {
     expect_same_run("", cuda_trainer_bf16(), "cuda (bf16 matmuls", 5e-4, 5e-2);
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5", cuda_trainer_bf16(),
@@ -132,7 +139,7 @@ TEST_F(CudaTrainer, Bf16BuildStaysCloseToCpuTrainer) {
 // What the CUDA build has no kernel for stops at start-up with one line.
 TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
     for (const std::string extra : {" --attn kmv --attn-tail 4", " --attn knn --attn-index lsh",
-                                    " --attn-grad sampled"}) {
+                                    " --attn knn --attn-grad sampled", " --attn-grad sampled --attn-grad-dv signed"}) {
         RunResult r = run(cuda_trainer() + flags(tmp.file("refused")) + extra, tmp);
         EXPECT_EQ(r.exit_code, 1) << extra;
         EXPECT_NE(r.err.find("not available in the CUDA build"), std::string::npos) << r.err;

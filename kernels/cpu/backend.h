@@ -60,6 +60,6 @@ inline void unregister_parameters(const float*) {}
 inline double device_peak_flops() { return 0.0; }
 
 // Every attention mode, index and gradient has a CPU kernel: nothing to refuse.
-inline std::string attention_unsupported(AttnMode, TopkIndex, AttnGrad) { return ""; }
+inline std::string attention_unsupported(AttnMode, TopkIndex, AttnGrad, bool, bool) { return ""; }
 
 }  // namespace knngpt::cpu

@@ -15,10 +15,11 @@
 // -DKNNGPT_FP32 keeps them fp32 too, so its steps equal train_gpt_cpu's up to
 // summation order (which test_cuda_trainer checks to 1e-5).
 //
-// Attention coverage: exact attention (tiled, flash style) and the key-list
-// modes knn and knn-tail with the brute top-k index and exact gradients have
-// CUDA kernels. The block and lsh indices, gumbel, kmv and the sampled
-// backward exist on the CPU only; attention_unsupported() names what is
+// Attention coverage: exact attention (tiled, flash style), the key-list modes
+// knn and knn-tail with the brute top-k index and exact gradients, and the
+// sampled backward with samples from the exact row (row-wise dV) have CUDA
+// kernels. The block and lsh indices, gumbel, kmv, lazy-Gumbel gradient
+// samples and signed-start dV exist on the CPU only; attention_unsupported() names what is
 // missing, so a run asking for them stops at start-up with one line.
 #pragma once
 #include <cstddef>
@@ -39,6 +40,7 @@
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/residual.cuh"
+#include "kernels/cuda/sampled_grad.cuh"
 #include "kernels/cuda/sparse_attention.cuh"
 #include "kernels/cuda/tail_sampling.cuh"
 #include "kernels/cuda/topk_index.cuh"
@@ -121,11 +123,17 @@ inline double device_peak_flops() {
 // ---- attention ops without a CUDA kernel yet ---------------------------------
 
 // One line naming what this build cannot run, or "" when it can.
-inline std::string attention_unsupported(AttnMode mode, TopkIndex index, AttnGrad grad) {
+// lazy_gumbel_grad: the sampled backward draws from lazy Gumbel on the top-k;
+// signed_dv: --attn-grad-dv signed.
+inline std::string attention_unsupported(AttnMode mode, TopkIndex index, AttnGrad grad, bool lazy_gumbel_grad,
+                                         bool signed_dv) {
     const std::string build = " is not available in the CUDA build yet (train_gpt_cpu has it)";
     if (mode == AttnMode::Gumbel) return "--attn gumbel" + build;
     if (mode == AttnMode::Kmv) return "--attn kmv" + build;
-    if (grad == AttnGrad::Sampled) return "--attn-grad sampled" + build;
+    if (grad == AttnGrad::Sampled && lazy_gumbel_grad)
+        return "--attn-grad sampled with lazy-Gumbel samples (--attn-grad-source lazy-gumbel, the default after a "
+               "kNN forward)" + build + "; --attn-grad-source exact-row runs";
+    if (grad == AttnGrad::Sampled && signed_dv) return "--attn-grad-dv signed" + build;
     if (mode != AttnMode::Exact && index != TopkIndex::Brute)
         return std::string("--attn-index ") + (index == TopkIndex::Block ? "block" : "lsh") + build;
     return "";
@@ -133,7 +141,8 @@ inline std::string attention_unsupported(AttnMode mode, TopkIndex index, AttnGra
 
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
-    if (index != TopkIndex::Brute) throw std::runtime_error(attention_unsupported(AttnMode::Knn, index, AttnGrad::Exact));
+    if (index != TopkIndex::Brute)
+        throw std::runtime_error(attention_unsupported(AttnMode::Knn, index, AttnGrad::Exact, false, false));
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
@@ -141,14 +150,10 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
 // definitions only let the shared dispatch in model/attention.h compile.
 inline void gumbel_attention_forward(float*, const float*, const int*, int, int, int, int, int, int, int, uint64_t,
                                      uint32_t, int) {
-    throw std::runtime_error(attention_unsupported(AttnMode::Gumbel, TopkIndex::Brute, AttnGrad::Sampled));
+    throw std::runtime_error(attention_unsupported(AttnMode::Gumbel, TopkIndex::Brute, AttnGrad::Exact, false, false));
 }
 inline void kmv_select_keys(int*, float*, const float*, int, int, int, int, int, const KmvParams&) {
-    throw std::runtime_error(attention_unsupported(AttnMode::Kmv, TopkIndex::Brute, AttnGrad::Exact));
-}
-inline void sampled_attention_backward(float*, const float*, const float*, const float*, const int*, int, int, int,
-                                       int, int, int, GradSampleSource, bool, uint64_t, uint32_t, int) {
-    throw std::runtime_error(attention_unsupported(AttnMode::Exact, TopkIndex::Brute, AttnGrad::Sampled));
+    throw std::runtime_error(attention_unsupported(AttnMode::Kmv, TopkIndex::Brute, AttnGrad::Exact, false, false));
 }
 
 }  // namespace knngpt::cuda

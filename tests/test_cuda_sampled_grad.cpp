@@ -1,0 +1,146 @@
+// tests/test_cuda_sampled_grad.cpp — kernels/cuda/sampled_grad.cuh (the sampled
+// attention backward, ExactRow source, row-wise dV) run under the emulator against
+// its CPU twin cpu::sampled_attention_backward(..., GradSampleSource::ExactRow, false, ...):
+//   the same dqkv to 1e-5 relative to the largest reference entry, from a nonzero
+//   dqkv and after two calls (+=), for two shapes (head sizes 8 and 32), s = 1, 4, 16
+//   and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer;
+//   the unsupported configurations (LazyGumbel, signed-start dV) and samples < 1 exit
+//   with a one-line error;
+//   under the emulator, the device score equals cpu::lazy_gumbel_score bit for bit at
+//   the usual head sizes (the scores decide the samples; a 1-ulp difference would
+//   change a pick only rarely, so the backward comparison alone would not show it).
+//
+// Tolerance: both sides use the same samples and fp64 per-term arithmetic; dK and dV
+// differ by the float atomic additions against the CPU's fp64 per-head sums (a few ulp
+// over at most a few hundred O(1) terms), dQ by fp64 summation order only. One sample
+// chosen differently moves an entry by a whole term, coef k_J or dO_i / s, far above
+// 1e-5 of the largest entry, so the comparison checks the samples too.
+#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
+#define KNNGPT_CUDA_EMU
+#endif
+
+#include "kernels/cuda/common.cuh"
+#include "tests/cuda_test_util.h"
+
+#include "kernels/cuda/sampled_grad.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "kernels/common/attention_params.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/sampled_grad.h"
+#include "tests/test_util.h"
+
+using knngpt::GradSampleSource;
+using knngpt_test::DeviceArray;
+using knngpt_test::max_rel_error;
+using knngpt_test::uniform;
+using std::vector;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+struct Shape {
+    int B, T, C, NH;
+    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
+    size_t out_size() const { return (size_t)B * T * C; }
+};
+
+// One backward problem: qkv uniform in [-2, 2] (rows far from uniform), dout, the exact
+// out of qkv, and a nonzero starting dqkv.
+struct Problem {
+    Shape shape;
+    vector<float> qkv, dout, out, dqkv0;
+};
+
+Problem make_problem(const Shape& s, unsigned seed) {
+    Problem p{s, uniform(s.qkv_size(), seed), uniform(s.out_size(), seed + 1), vector<float>(s.out_size()),
+              uniform(s.qkv_size(), seed + 2)};
+    for (float& v : p.qkv) v *= 2.0f;
+    vector<float> lse((size_t)s.B * s.NH * s.T);
+    knngpt::cpu::attention_forward(p.out.data(), lse.data(), p.qkv.data(), s.B, s.T, s.C, s.NH);
+    return p;
+}
+
+// dqkv0 plus two calls of the CPU backward
+vector<float> cpu_backward(const Problem& p, int samples, uint64_t seed, uint32_t step, int layer) {
+    const Shape& s = p.shape;
+    vector<float> dqkv = p.dqkv0;
+    for (int call = 0; call < 2; call++)
+        knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(), nullptr, 0,
+                                                s.B, s.T, s.C, s.NH, samples, GradSampleSource::ExactRow, false, seed,
+                                                step, layer);
+    return dqkv;
+}
+
+// the same with the CUDA kernel
+vector<float> cuda_backward(const Problem& p, int samples, uint64_t seed, uint32_t step, int layer) {
+    const Shape& s = p.shape;
+    DeviceArray<float> d_dqkv(p.dqkv0), d_dout(p.dout), d_qkv(p.qkv), d_out(p.out);
+    for (int call = 0; call < 2; call++)
+        knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, nullptr, 0, s.B, s.T,
+                                                 s.C, s.NH, samples, GradSampleSource::ExactRow, false, seed, step,
+                                                 layer);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return d_dqkv.to_host();
+}
+
+void expect_same_backward(const Shape& s, unsigned data_seed) {
+    const Problem p = make_problem(s, data_seed);
+    const uint64_t seeds[] = {1, 0x9E3779B97F4A7C15ull};
+    for (int samples : {1, 4, 16, 37}) {
+        for (uint64_t seed : seeds) {
+            const uint32_t step = 5;
+            const int layer = 2;
+            const vector<float> expected = cpu_backward(p, samples, seed, step, layer);
+            const vector<float> got = cuda_backward(p, samples, seed, step, layer);
+            ASSERT_EQ(got.size(), expected.size());
+            EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
+                << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " samples " << samples
+                << " seed " << seed;
+        }
+    }
+}
+
+TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
+
+TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
+
+#if defined(KNNGPT_CUDA_EMU)  // a __device__ function is callable from the host only here
+TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
+    for (int HS : {8, 16, 32, 64, 128}) {
+        const vector<float> q = uniform((size_t)HS * 200, 31, -2.0f, 2.0f);
+        const vector<float> k = uniform((size_t)HS * 200, 32, -2.0f, 2.0f);
+        const float tau = 1.0f / std::sqrt((float)HS);
+        int mismatches = 0;
+        for (int n = 0; n < 200; n++) {
+            const float expected = knngpt::cpu::lazy_gumbel_score(&q[(size_t)n * HS], &k[(size_t)n * HS], HS, tau);
+            const float got = knngpt::cuda::sampled_grad_score(&q[(size_t)n * HS], &k[(size_t)n * HS], HS, tau);
+            mismatches += std::memcmp(&got, &expected, sizeof(float)) != 0;
+        }
+        EXPECT_EQ(mismatches, 0) << "HS " << HS;
+    }
+}
+#endif
+
+// The unsupported configurations stop with one line before touching any pointer.
+TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
+    testing::FLAGS_gtest_death_test_style = "threadsafe";
+    auto run = [](GradSampleSource source, bool signed_start_dv, int samples) {
+        knngpt::cuda::sampled_attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 1, 8, 16, 2, samples,
+                                                 source, signed_start_dv, 1, 0, 0);
+    };
+    EXPECT_EXIT(run(GradSampleSource::LazyGumbel, false, 4), testing::ExitedWithCode(1),
+                "lazy-gumbel sample source is not implemented in the CUDA build");
+    EXPECT_EXIT(run(GradSampleSource::ExactRow, true, 4), testing::ExitedWithCode(1),
+                "signed-start dV is not implemented in the CUDA build");
+    EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 0), testing::ExitedWithCode(1), "need 1 <= samples");
+}
+
+}  // namespace
