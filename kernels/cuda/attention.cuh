@@ -29,8 +29,8 @@
 // Tiled design (FlashAttention-2 style), 128 threads = 4 warps per block, one
 // block per (tile, b*NH + h) = (blockIdx.x, blockIdx.y). Kernels are templated
 // on a head-size bound MAX_HS in {64, 128} and picked at run time from HS;
-// HS > 128 falls back to the reference kernels. Tiles live in static shared
-// memory, rows padded to MAX_HS + 4 floats (16-byte aligned rows for float4
+// HS > 128 (or B * NH above the grid's 65535 rows) falls back to the
+// reference kernels. Tiles live in static shared memory, rows padded to MAX_HS + 4 floats (16-byte aligned rows for float4
 // reads; a stride of 4 mod 32 words keeps lanes that read different rows on
 // different banks). Channels [HS, HS rounded up to 4) are zero-filled, as are
 // rows past T; T and HS need not be multiples of anything.
@@ -679,10 +679,15 @@ void attention_backward_tiled(float* dqkv, const float* dout, const float* qkv, 
 }
 
 // Tiled forward for HS <= 128, the reference beyond.
+// The tiled kernels put b*NH + h on the grid's y axis, which holds at most 65535.
+constexpr int kAttentionMaxGridY = 65535;
+
 inline void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     if (B * NH * T == 0) return;
     const int HS = C / NH;
-    if (HS <= 64) {
+    if (B * NH > kAttentionMaxGridY) {
+        attention_forward_reference(out, lse, qkv, B, T, C, NH);
+    } else if (HS <= 64) {
         attention_forward_tiled<64>(out, lse, qkv, B, T, C, NH);
     } else if (HS <= 128) {
         attention_forward_tiled<128>(out, lse, qkv, B, T, C, NH);
@@ -697,7 +702,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
     const int rows = B * NH * T;
     if (rows == 0) return;
     const int HS = C / NH;
-    if (HS > 128) {
+    if (HS > 128 || B * NH > kAttentionMaxGridY) {
         attention_backward_reference(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }

@@ -19,7 +19,8 @@
 // any lane writes, and each lane then overwrites only the elements it reads
 // itself, so the in-place call is safe. The loss also needs the
 // target's logit, which another lane may overwrite: every lane reads it before
-// the reductions, so it is in a register before any write.
+// the reductions, and a __syncwarp (which, unlike the shuffles, orders memory)
+// separates all reads from the first write.
 #pragma once
 
 #include <cmath>
@@ -71,6 +72,7 @@ __global__ void crossentropy_fused_kernel(float* losses, float* dlogits, const f
     const float target_logit = row[target];  // before the shuffles below, so before any lane writes
     float row_max, exp_sum;
     warp_softmax_row_stats(row, V, lane_id, &row_max, &exp_sum);
+    __syncwarp();  // every lane's reads of the row (and of the target logit) before any write
     if (losses && lane_id == 0) losses[n] = row_max + logf(exp_sum) - target_logit;
     const float inv_sum = 1.0f / exp_sum;
     for (int j = lane_id; j < V; j += 32) {

@@ -182,6 +182,14 @@ struct CublasLtContext {
     }
 };
 
+// The largest power of two (up to 256) dividing the address: the alignment the
+// library may assume for an operand.
+inline uint32_t pointer_alignment(const void* p) {
+    uint32_t alignment = 256;
+    while (alignment > 1 && (uintptr_t)p % alignment != 0) alignment /= 2;
+    return alignment;
+}
+
 inline CublasLtContext& cublaslt_context() {
     static CublasLtContext context;  // created on first use, lives for the process
     return context;
@@ -316,11 +324,23 @@ inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
     const uint64_t workspace_bytes = kMatmulWorkspaceBytes;
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                              &workspace_bytes, sizeof(workspace_bytes)));
+    // the library assumes 256-byte aligned operands unless told otherwise; ours
+    // are offsets into larger buffers, so tell it what they really are
+    const uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_c = pointer_alignment(C);
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                             &align_a, sizeof(align_a)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                             &align_b, sizeof(align_b)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                             &align_c, sizeof(align_c)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                             &align_c, sizeof(align_c)));
     cublasLtMatmulHeuristicResult_t heuristic = {};
     int returned = 0;
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(context.handle, desc, layout_a, layout_b, layout_c, layout_c,
-                                                       preference, 1, &heuristic, &returned));
-    if (returned == 0 && !epilogue.empty()) {  // no fused algorithm: the caller runs our kernels
+    const cublasStatus_t found = cublasLtMatmulAlgoGetHeuristic(context.handle, desc, layout_a, layout_b, layout_c,
+                                                                layout_c, preference, 1, &heuristic, &returned);
+    // with an epilogue "not supported" (a status or no result) means: run it without
+    if (!epilogue.empty() && (found != CUBLAS_STATUS_SUCCESS || returned == 0)) {
         KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
         KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_c));
         KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
@@ -328,6 +348,7 @@ inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
         KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
         return false;
     }
+    KNNGPT_CUBLAS_CHECK(found);
     if (returned == 0) {
         std::fprintf(stderr, "%s:%d: cuBLASLt: no %s algorithm for m=%d n=%d k=%d\n", __FILE__, __LINE__,
                      precision == MatmulPrecision::BF16 ? "bf16" : "fp32", m, n, k);

@@ -22,7 +22,11 @@
 // key(p) = p + #{r : S[r] - r <= p}, O(k) per draw as on the CPU; for an unsorted
 // head, the fixed point of x <- p + #{s in S : s <= x} from x = p (the smallest x
 // with p keys outside S below it and x itself outside S).
-// The weight is log(|R_i| / m) in double, rounded to fp32, as on the CPU.
+// The weight is log(|R_i| / m) in double, rounded to fp32, as on the CPU. The
+// indices are integer arithmetic and equal the CPU's everywhere; the weight is
+// equal under the emulator (the host's log) and on a GPU up to the device log,
+// which may differ from glibc's in the last bit of the double (almost never
+// visible after rounding to fp32).
 #pragma once
 
 #include <cmath>
