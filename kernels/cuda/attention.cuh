@@ -16,8 +16,8 @@
 // q, k and v are (B, NH, T, HS) with row stride 3C. out/dout (B, T, C), i.e.
 // (B, NH, T, HS) with row stride C; lse (B, NH, T), natural log. Backward
 // recomputes P from lse (nothing of size T x T is ever stored) and accumulates
-// (+=) into dqkv. Device pointers; the backward allocates and frees a
-// (B, NH, T) scratch for Delta.
+// (+=) into dqkv. Device pointers; the backward keeps a (B, NH, T) scratch for
+// Delta, grown on demand and kept for the process (no allocation per call).
 //
 // Reference design: one warp per (b, h, row); lanes stride over the head's
 // channels, so a lane holds at most kAttentionMaxHeadSize / 32 channels of each
@@ -78,6 +78,20 @@ namespace knngpt::cuda {
 constexpr int kAttentionThreads = 256;      // 8 warps, 8 rows per block
 constexpr int kAttentionMaxHeadSize = 256;  // HS limit: 8 register slots per lane
 constexpr int kAttentionSlots = kAttentionMaxHeadSize / 32;
+
+// The backward's Delta (B, NH, T): one buffer of this file, grown when a larger
+// batch comes and never freed (like cuBLASLt's workspace). Work on the one
+// stream is ordered, so reusing it across calls is safe.
+inline float* attention_delta_scratch(size_t count) {
+    static float* buffer = nullptr;
+    static size_t capacity = 0;
+    if (count > capacity) {
+        CUDA_CHECK(cudaFree(buffer));
+        CUDA_CHECK(cudaMalloc(&buffer, count * sizeof(float)));
+        capacity = count;
+    }
+    return buffer;
+}
 
 // ---- reference kernels: one warp per row ---------------------------------------
 
@@ -275,7 +289,7 @@ inline void attention_forward_reference(float* out, float* lse, const float* qkv
            B, T, C, NH);
 }
 
-// Allocates and frees a (B, NH, T) scratch for Delta.
+// Delta in the scratch of attention_delta_scratch.
 inline void attention_backward_reference(float* dqkv, const float* dout, const float* qkv, const float* out,
                                          const float* lse, int B, int T, int C, int NH) {
     const int rows = B * NH * T;
@@ -283,14 +297,12 @@ inline void attention_backward_reference(float* dqkv, const float* dout, const f
     attention_check_head_size(C, NH);
     const int rows_per_block = kAttentionThreads / 32;
     const int blocks = ceil_div(rows, rows_per_block);
-    float* delta = nullptr;
-    CUDA_CHECK(cudaMalloc(&delta, (size_t)rows * sizeof(float)));
+    float* delta = attention_delta_scratch((size_t)rows);
     launch(attention_backward_delta_kernel, blocks, kAttentionThreads, 0, nullptr, delta, dout, out, B, T, C, NH);
     launch(attention_backward_dq_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
            C, NH);
     launch(attention_backward_dkv_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
            C, NH);
-    CUDA_CHECK(cudaFree(delta));
 }
 
 // ---- tiled kernels --------------------------------------------------------------
@@ -706,8 +718,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
         attention_backward_reference(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }
-    float* delta = nullptr;
-    CUDA_CHECK(cudaMalloc(&delta, (size_t)rows * sizeof(float)));
+    float* delta = attention_delta_scratch((size_t)rows);
     const int rows_per_block = kAttentionThreads / 32;
     launch(attention_backward_delta_kernel, ceil_div(rows, rows_per_block), kAttentionThreads, 0, nullptr, delta, dout,
            out, B, T, C, NH);
@@ -716,7 +727,6 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
     } else {
         attention_backward_tiled<128>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
     }
-    CUDA_CHECK(cudaFree(delta));
 }
 
 }  // namespace knngpt::cuda
