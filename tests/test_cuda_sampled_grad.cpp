@@ -1,11 +1,14 @@
 // tests/test_cuda_sampled_grad.cpp — kernels/cuda/sampled_grad.cuh (the sampled
-// attention backward, ExactRow source, row-wise dV) run under the emulator against
-// its CPU twin cpu::sampled_attention_backward(..., GradSampleSource::ExactRow, false, ...):
-//   the same dqkv to 1e-5 relative to the largest reference entry, from a nonzero
-//   dqkv and after two calls (+=), for two shapes (head sizes 8 and 32), s = 1, 4, 16
-//   and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer;
-//   the unsupported configurations (LazyGumbel, signed-start dV) and samples < 1 exit
-//   with a one-line error;
+// attention backward, row-wise dV) run under the emulator against its CPU twin
+// cpu::sampled_attention_backward(..., source, false, ...), for both sample sources:
+//   ExactRow: the same dqkv to 1e-5 relative to the largest reference entry, from a
+//   nonzero dqkv and after two calls (+=), for two shapes (head sizes 8 and 32), s = 1,
+//   4, 16 and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer;
+//   LazyGumbel (lazy Gumbel sample number 2m + 1 on the row's top-k list): the same, with
+//   top-k lists from cpu::causal_topk_brute for k = 1, 4 and k >= T (rows that are all
+//   head), s = 1, 5 and 37;
+//   the unsupported configuration (signed-start dV), LazyGumbel without top-k lists or
+//   past the draw-index capacity, and samples < 1 exit with a one-line error;
 //   under the emulator, the device score equals cpu::lazy_gumbel_score bit for bit at
 //   the usual head sizes (the scores decide the samples; a 1-ulp difference would
 //   change a pick only rarely, so the backward comparison alone would not show it).
@@ -34,6 +37,7 @@
 #include "kernels/common/attention_params.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/sampled_grad.h"
+#include "kernels/cpu/topk_index.h"
 #include "tests/test_util.h"
 
 using knngpt::GradSampleSource;
@@ -68,25 +72,28 @@ Problem make_problem(const Shape& s, unsigned seed) {
     return p;
 }
 
-// dqkv0 plus two calls of the CPU backward
-vector<float> cpu_backward(const Problem& p, int samples, uint64_t seed, uint32_t step, int layer) {
+// dqkv0 plus two calls of the CPU backward (topk: (B, NH, T, k) lists for LazyGumbel)
+vector<float> cpu_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
+                           uint64_t seed, uint32_t step, int layer) {
     const Shape& s = p.shape;
     vector<float> dqkv = p.dqkv0;
     for (int call = 0; call < 2; call++)
-        knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(), nullptr, 0,
-                                                s.B, s.T, s.C, s.NH, samples, GradSampleSource::ExactRow, false, seed,
-                                                step, layer);
+        knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(),
+                                                topk.empty() ? nullptr : topk.data(), k, s.B, s.T, s.C, s.NH, samples,
+                                                source, false, seed, step, layer);
     return dqkv;
 }
 
 // the same with the CUDA kernel
-vector<float> cuda_backward(const Problem& p, int samples, uint64_t seed, uint32_t step, int layer) {
+vector<float> cuda_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
+                            uint64_t seed, uint32_t step, int layer) {
     const Shape& s = p.shape;
     DeviceArray<float> d_dqkv(p.dqkv0), d_dout(p.dout), d_qkv(p.qkv), d_out(p.out);
+    DeviceArray<int> d_topk(topk.empty() ? vector<int>(1, -1) : topk);
     for (int call = 0; call < 2; call++)
-        knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, nullptr, 0, s.B, s.T,
-                                                 s.C, s.NH, samples, GradSampleSource::ExactRow, false, seed, step,
-                                                 layer);
+        knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr,
+                                                 topk.empty() ? nullptr : d_topk.ptr, k, s.B, s.T, s.C, s.NH, samples,
+                                                 source, false, seed, step, layer);
     CUDA_CHECK(cudaDeviceSynchronize());
     return d_dqkv.to_host();
 }
@@ -98,8 +105,8 @@ void expect_same_backward(const Shape& s, unsigned data_seed) {
         for (uint64_t seed : seeds) {
             const uint32_t step = 5;
             const int layer = 2;
-            const vector<float> expected = cpu_backward(p, samples, seed, step, layer);
-            const vector<float> got = cuda_backward(p, samples, seed, step, layer);
+            const vector<float> expected = cpu_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer);
+            const vector<float> got = cuda_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer);
             ASSERT_EQ(got.size(), expected.size());
             EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
                 << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " samples " << samples
@@ -108,9 +115,33 @@ void expect_same_backward(const Shape& s, unsigned data_seed) {
     }
 }
 
+void expect_same_lazy_gumbel_backward(const Shape& s, unsigned data_seed) {
+    const Problem p = make_problem(s, data_seed);
+    const uint64_t seed = 0x9E3779B97F4A7C15ull;
+    const uint32_t step = 4;
+    const int layer = 1;
+    for (int k : {1, 4, s.T + 2}) {
+        vector<int> topk((size_t)s.B * s.NH * s.T * k);
+        knngpt::cpu::causal_topk_brute(topk.data(), p.qkv.data(), s.B, s.T, s.C, s.NH, k);
+        for (int samples : {1, 5, 37}) {
+            const vector<float> expected =
+                cpu_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
+            const vector<float> got = cuda_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
+            ASSERT_EQ(got.size(), expected.size());
+            EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
+                << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " k " << k << " samples "
+                << samples;
+        }
+    }
+}
+
 TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
 
 TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
+
+TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
+
+TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize32) { expect_same_lazy_gumbel_backward(Shape{1, 40, 64, 2}, 22); }
 
 #if defined(KNNGPT_CUDA_EMU)  // a __device__ function is callable from the host only here
 TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
@@ -132,12 +163,16 @@ TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
 // The unsupported configurations stop with one line before touching any pointer.
 TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
-    auto run = [](GradSampleSource source, bool signed_start_dv, int samples) {
-        knngpt::cuda::sampled_attention_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 1, 8, 16, 2, samples,
+    static const int topk_stub = -1;  // never read: the checks exit first
+    auto run = [](GradSampleSource source, bool signed_start_dv, int samples, const int* topk = nullptr,
+                  int T = 8) {
+        knngpt::cuda::sampled_attention_backward(nullptr, nullptr, nullptr, nullptr, topk, 4, 1, T, 16, 2, samples,
                                                  source, signed_start_dv, 1, 0, 0);
     };
     EXPECT_EXIT(run(GradSampleSource::LazyGumbel, false, 4), testing::ExitedWithCode(1),
-                "lazy-gumbel sample source is not implemented in the CUDA build");
+                "the lazy-gumbel source needs top-k lists");
+    EXPECT_EXIT(run(GradSampleSource::LazyGumbel, false, 1000, &topk_stub, 1 << 20), testing::ExitedWithCode(1),
+                "overflows the 28-bit draw index");
     EXPECT_EXIT(run(GradSampleSource::ExactRow, true, 4), testing::ExitedWithCode(1),
                 "signed-start dV is not implemented in the CUDA build");
     EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 0), testing::ExitedWithCode(1), "need 1 <= samples");

@@ -1,26 +1,33 @@
 // kernels/cuda/sampled_grad.cuh — sampled gradients of EXACT causal attention,
-// `--attn-grad sampled --attn-grad-source exact-row` with row-wise dV. Twin of
-// cpu::sampled_attention_backward (kernels/cpu/sampled_grad.h, ALGORITHMS.md §5) for
-// the ExactRow source without signed-start dV: the same samples and the same terms.
+// `--attn-grad sampled` with row-wise dV. Twin of cpu::sampled_attention_backward
+// (kernels/cpu/sampled_grad.h, ALGORITHMS.md §5) for both sample sources without
+// signed-start dV: the same samples and the same terms.
 //
-// For every row (b, h, i), with n_i = i + 1 keys, J ~ P_i (the causal softmax row):
-//   s_ij = tau q_i . k_j      fp32, as lazy_gumbel_score: dot = dot + q_c k_jc over
-//                             c = 0..HS-1 in order, product and sum each rounded to
-//                             fp32 (no fma), then tau * dot (tau = 1/sqrt(HS))
-//   cdf_l = sum_{j<=l} exp(s_ij - max_j s_ij)          fp64, summed in j order
-//   sample m (0 <= m < s): u_m = uniform_open01_f64 of Philox draw DRAW_GRADIENT_SAMPLE
-//     index m at site {seed, step, layer*NH + h, b*T + i};  J_m = the first l with
-//     cdf_l > u_m cdf_{n_i-1} (n_i - 1 if none)
-//   Delta_i = dO_i . O_i (fp64, from the given out), and for each sample J = J_m:
+// For every row (b, h, i), with n_i = i + 1 keys, backward sample m (0 <= m < s) is
+// J_m ~ P_i (the causal softmax row), from one of two sources at site
+// {seed, step, layer*NH + h, b*T + i}:
+//   ExactRow    s_ij = tau q_i . k_j      fp32, as lazy_gumbel_score: the fma chain of
+//                                         fma_dot.h (acc = fma(q_c, k_jc, acc) over
+//                                         c = 0..HS-1 in order), then tau * acc
+//               cdf_l = sum_{j<=l} exp(s_ij - max_j s_ij)          fp64, summed in j order
+//               u_m = uniform_open01_f64 of Philox draw DRAW_GRADIENT_SAMPLE index m;
+//               J_m = the first l with cdf_l > u_m cdf_{n_i-1} (n_i - 1 if none)
+//   LazyGumbel  J_m = lazy Gumbel sample number 2m + 1 (odd: the `gumbel` forward uses
+//               the even numbers) on the row's top-k list, drawn by the shared sampler
+//               lazy_gumbel_sample_core (kernels/common/lazy_gumbel.h) with the cap
+//               lazy_gumbel_default_max_exceeders(n_i - |S_i|, |S_i|), as on the CPU
+// Then Delta_i = dO_i . O_i (fp64, from the given out), and for each sample J = J_m:
 //     coef = tau (dO_i . v_J - Delta_i) / s
 //     dQ_i += coef k_J,   dK_J += coef q_i,   dV_J += dO_i / s
 // Each term is unbiased for the exact gradient (§5.2).
 //
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h (q, k, v of head h at channels h*HS of
-// their C-wide section); dout, out (B, T, C), head h at channels h*HS. HS = C / NH <=
+// their C-wide section); dout, out (B, T, C), head h at channels h*HS; topk_idx
+// (B, NH, T, k) ascending, -1 padded (LazyGumbel only). HS = C / NH <=
 // kSampledGradMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
 //
 // Design: one warp per row (b, h, i), the longest rows scheduled first.
+// ExactRow:
 //   pass 1  lanes take keys j = lane, lane + 32, ...; each lane computes whole scores
 //           (the sequential chain above); the fp64 row max is a warp max (exact in any
 //           order).
@@ -32,26 +39,24 @@
 //           values) until it first exceeds its target u_m total; the walk stops once
 //           every sample of the chunk is placed.
 //   No score or weight is stored: passes 2 and 3 recompute them. Cost per row:
-//   O((2 + ceil(s/32)) n_i HS / 32) per lane for the samples, O(s HS / 32) for the terms.
-//   terms   lanes stride over the head's channels (as in sparse_attention.cuh): for each
-//           sample, dO_i . v_J by a warp sum; dQ_i collects in fp64 registers and is
-//           added once; dK_J and dV_J go to dqkv by float atomicAdd, since any row may
-//           sample any key. The order of those additions varies from run to run, so dK
-//           and dV are not bit-reproducible, and they differ from the CPU's fp64 per-head
-//           sums by rounding only; dQ is reproducible.
-// Exactness of the samples: the scores, the max, the running sums and the targets are
-// the CPU's operations in the CPU's order, with two caveats. (1) lazy_gumbel_score
-// leaves fusing to the compiler: g++ -O3 vectorises its loop as separate multiplies
-// and in-order adds (the chain above), but may fuse leftover channels into fma (seen
-// at HS = 20 with AVX-512; clang's default contraction would fuse every step), and
-// such a CPU score differs in its last bit; sampled_grad_score is the one place to
-// change if the CPU's definition is pinned. (2) Natively the fp64 exp is CUDA's (within 1 ulp of glibc's). Either way
-// a pick can differ only when a target lies within an ulp or so of a cumulative sum.
+//   O((2 + ceil(s/32)) n_i HS / 32) per lane for the samples.
+// LazyGumbel: for each chunk of 32 samples, lane L draws sample m0 + L with the shared
+//   sampler, on its own (the lanes' walks diverge and never synchronise inside).
+// Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels (as
+//   in sparse_attention.cuh): for each sample, dO_i . v_J by a warp sum; dQ_i collects in
+//   fp64 registers and is added once; dK_J and dV_J go to dqkv by float atomicAdd, since
+//   any row may sample any key. The order of those additions varies from run to run, so
+//   dK and dV are not bit-reproducible, and they differ from the CPU's fp64 per-head sums
+//   by rounding only; dQ is reproducible.
+// Exactness of the samples: the scores (an explicit fma chain), the max, the running
+// sums, the targets and the lazy Gumbel walk are the CPU's operations in the CPU's
+// order. Natively the fp64 exp and log are CUDA's (within an ulp or two of glibc's), so
+// a pick can differ only when a target lies within an ulp or so of a cumulative sum, or
+// two Gumbel-perturbed scores nearly tie; under the emulator every pick is the CPU's.
 //
-// Not supported yet (a one-line error and exit(1); the trainer refuses these before a
-// run starts): the LazyGumbel source (`--attn-grad-source lazy-gumbel`, or `auto` with a
-// top-k index) and signed-start dV (`--attn-grad-dv signed`). No exceeder/fallback
-// statistics (ExactRow has none).
+// Not supported yet (a one-line error and exit(1); the trainer refuses it before a run
+// starts): signed-start dV (`--attn-grad-dv signed`). No exceeder/fallback statistics
+// (the CPU twin's GumbelStats) are collected.
 #pragma once
 
 #include <cmath>
@@ -62,6 +67,7 @@
 
 #include "kernels/common/attention_params.h"
 #include "kernels/common/fma_dot.h"
+#include "kernels/common/lazy_gumbel.h"
 #include "kernels/common/philox.h"
 #include "kernels/cuda/common.cuh"
 
@@ -78,7 +84,7 @@ constexpr int kSampledGradMaxSamples = 1 << 27;                  // the CPU's dr
 
 // s_ij = tau q_i . k_j exactly as lazy_gumbel_score computes it (fma_dot.h).
 __device__ __forceinline__ float sampled_grad_score(const float* q, const float* k, int HS, float tau) {
-    return tau * fma_dot(q, k, HS);
+    return lazy_gumbel_score(q, k, HS, tau);
 }
 
 // The unnormalised weight exp(s_ij - row_max) of key j, in fp64.
@@ -89,9 +95,9 @@ __device__ __forceinline__ double sampled_grad_weight(const float* q, const floa
 
 // ---- CUDA kernel --------------------------------------------------------------
 
-__global__ void sampled_grad_exact_row_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                              int B, int T, int C, int NH, int samples, float tau, uint64_t seed,
-                                              uint32_t step, int layer) {
+__global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                    const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
+                                    GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer) {
     const int lane_id = threadIdx.x % 32;
     const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (warp_index >= B * NH * T) return;  // whole warps leave together
@@ -107,20 +113,29 @@ __global__ void sampled_grad_exact_row_kernel(float* dqkv, const float* dout, co
     const float* values = qkv + head + 2 * C;  // value j at j * C3
     const size_t row_offset = ((size_t)b * T + i) * C + (size_t)h * HS;
     const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+    const bool lazy = source == GradSampleSource::LazyGumbel;
 
-    // pass 1: the row max of the scores
-    double row_max = -INFINITY;
-    for (int j = lane_id; j < n_i; j += 32)
-        row_max = fmax(row_max, (double)sampled_grad_score(q, keys + (size_t)j * C3, HS, tau));
-    row_max = warp_reduce_max(row_max);
+    double row_max = -INFINITY, total = 0.0;  // ExactRow
+    const int* topk = nullptr;                // LazyGumbel: the row's top-k list and exceeder cap
+    int max_exceeders = 0;
+    if (!lazy) {
+        // pass 1: the row max of the scores
+        for (int j = lane_id; j < n_i; j += 32)
+            row_max = fmax(row_max, (double)sampled_grad_score(q, keys + (size_t)j * C3, HS, tau));
+        row_max = warp_reduce_max(row_max);
 
-    // pass 2: total = the running sum of the weights in j order, held by every lane
-    double total = 0.0;
-    for (int j0 = 0; j0 < n_i; j0 += 32) {
-        const int j = j0 + lane_id;
-        const double w = j < n_i ? sampled_grad_weight(q, keys + (size_t)j * C3, HS, tau, row_max) : 0.0;
-        const int count = min(32, n_i - j0);
-        for (int t = 0; t < count; t++) total += __shfl_sync(0xFFFFFFFFu, w, t);
+        // pass 2: total = the running sum of the weights in j order, held by every lane
+        for (int j0 = 0; j0 < n_i; j0 += 32) {
+            const int j = j0 + lane_id;
+            const double w = j < n_i ? sampled_grad_weight(q, keys + (size_t)j * C3, HS, tau, row_max) : 0.0;
+            const int count = min(32, n_i - j0);
+            for (int t = 0; t < count; t++) total += __shfl_sync(0xFFFFFFFFu, w, t);
+        }
+    } else {
+        topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
+        int head_count = 0;
+        while (head_count < k && topk[head_count] >= 0) head_count++;
+        max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head_count, head_count);
     }
 
     // the row's channels: lane owns c = lane + 32 s; Delta_i = dO_i . O_i
@@ -139,26 +154,33 @@ __global__ void sampled_grad_exact_row_kernel(float* dqkv, const float* dout, co
 
     for (int m0 = 0; m0 < samples; m0 += 32) {
         const int chunk = min(32, samples - m0);
-        // pass 3: lane L places sample m0 + L at the first l with cdf_l > u total
-        double target = 0.0;
         int J = 0;  // lanes without a sample count as placed
-        if (lane_id < chunk) {
-            const Philox4 draw = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)(m0 + lane_id));
-            target = uniform_open01_f64(draw.x[0], draw.x[1]) * total;
-            J = -1;
-        }
-        double running = 0.0;
-        for (int j0 = 0; j0 < n_i; j0 += 32) {
-            if (__all_sync(0xFFFFFFFFu, J >= 0)) break;  // every sample of the chunk placed
-            const int j = j0 + lane_id;
-            const double w = j < n_i ? sampled_grad_weight(q, keys + (size_t)j * C3, HS, tau, row_max) : 0.0;
-            const int count = min(32, n_i - j0);
-            for (int t = 0; t < count; t++) {
-                running += __shfl_sync(0xFFFFFFFFu, w, t);
-                if (J < 0 && running > target) J = j0 + t;
+        if (lazy) {
+            // lane L draws lazy Gumbel sample number 2 (m0 + L) + 1
+            if (lane_id < chunk)
+                J = lazy_gumbel_sample_core(q, keys, C3, HS, tau, n_i, topk, k, site,
+                                            2u * (uint32_t)(m0 + lane_id) + 1u, max_exceeders, nullptr, nullptr);
+        } else {
+            // pass 3: lane L places sample m0 + L at the first l with cdf_l > u total
+            double target = 0.0;
+            if (lane_id < chunk) {
+                const Philox4 draw = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)(m0 + lane_id));
+                target = uniform_open01_f64(draw.x[0], draw.x[1]) * total;
+                J = -1;
             }
+            double running = 0.0;
+            for (int j0 = 0; j0 < n_i; j0 += 32) {
+                if (__all_sync(0xFFFFFFFFu, J >= 0)) break;  // every sample of the chunk placed
+                const int j = j0 + lane_id;
+                const double w = j < n_i ? sampled_grad_weight(q, keys + (size_t)j * C3, HS, tau, row_max) : 0.0;
+                const int count = min(32, n_i - j0);
+                for (int t = 0; t < count; t++) {
+                    running += __shfl_sync(0xFFFFFFFFu, w, t);
+                    if (J < 0 && running > target) J = j0 + t;
+                }
+            }
+            if (J < 0) J = n_i - 1;  // u total rounded up to the total: the last key, as on the CPU
         }
-        if (J < 0) J = n_i - 1;  // u total rounded up to the total: the last key, as on the CPU
 
         // the terms of the chunk's samples, in sample order
         for (int t = 0; t < chunk; t++) {
@@ -193,18 +215,11 @@ __global__ void sampled_grad_exact_row_kernel(float* dqkv, const float* dout, co
 
 // ---- host launcher ------------------------------------------------------------
 
-// topk_idx and k are only used by the LazyGumbel source (not supported here).
+// topk_idx and k are only used by the LazyGumbel source.
 inline void sampled_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
                                        GradSampleSource source, bool signed_start_dv, uint64_t seed, uint32_t step,
                                        int layer) {
-    (void)topk_idx;
-    (void)k;
-    if (source != GradSampleSource::ExactRow) {
-        std::fprintf(stderr, "sampled_attention_backward: the lazy-gumbel sample source is not implemented in the "
-                             "CUDA build (use --attn-grad-source exact-row)\n");
-        std::exit(1);
-    }
     if (signed_start_dv) {
         std::fprintf(stderr, "sampled_attention_backward: signed-start dV is not implemented in the CUDA build "
                              "(use --attn-grad-dv rowwise)\n");
@@ -220,12 +235,25 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                      kSampledGradMaxHeadSize, C, NH);
         std::exit(1);
     }
+    if (source == GradSampleSource::LazyGumbel) {
+        if (!topk_idx || k < 1) {
+            std::fprintf(stderr, "sampled_attention_backward: the lazy-gumbel source needs top-k lists with k >= 1\n");
+            std::exit(1);
+        }
+        // backward sample m of a row is lazy Gumbel sample number 2m + 1: the last row bounds them all
+        if (2ull * (uint64_t)samples > lazy_gumbel_sample_capacity(T)) {
+            std::fprintf(stderr, "sampled_attention_backward: samples = %d at T = %d overflows the 28-bit draw index "
+                                 "of lazy Gumbel, expected <= %llu\n", samples, T,
+                         (unsigned long long)(lazy_gumbel_sample_capacity(T) / 2));
+            std::exit(1);
+        }
+    }
     const int rows = B * NH * T;
     if (rows == 0) return;
     const float tau = 1.0f / std::sqrt((float)(C / NH));  // as the CPU twin computes it
     const int rows_per_block = kSampledGradThreads / 32;
-    launch(sampled_grad_exact_row_kernel, ceil_div(rows, rows_per_block), kSampledGradThreads, 0, nullptr, dqkv,
-           dout, qkv, out, B, T, C, NH, samples, tau, seed, step, layer);
+    launch(sampled_grad_kernel, ceil_div(rows, rows_per_block), kSampledGradThreads, 0, nullptr, dqkv, dout, qkv,
+           out, topk_idx, k, B, T, C, NH, samples, source, tau, seed, step, layer);
 }
 
 }  // namespace knngpt::cuda

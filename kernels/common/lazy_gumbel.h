@@ -1,0 +1,186 @@
+// kernels/common/lazy_gumbel.h — lazy Gumbel sampling from a causal softmax row
+// (ALGORITHMS.md §4; the exceeder cap §9.2): the one sampler of both backends.
+// kernels/cpu/gumbel_attention.h (the `gumbel` forward, and cpu::lazy_gumbel_sample,
+// which checks its arguments and calls the core below), kernels/cpu/sampled_grad.h
+// and the CUDA kernels (kernels/cuda/gumbel_attention.cuh, sampled_grad.cuh) all call
+// this code, so for the same row and draw site every backend picks the same key.
+// Everything here is KNNGPT_HD (__host__ __device__ under nvcc) and uses only what
+// compiles in both: <cmath>'s log, log1p, expm1, exp, floor; no allocation, no
+// output, no abort. The argument checks live in the host wrapper.
+//
+// Attention as an expectation (§1): for query i with keys C_i = {0..i},
+//   s_ij = tau q_i . k_j,   P_ij = exp(s_ij) / sum_{l<=i} exp(s_il),   O_i = E_{J~P_i}[v_J].
+//
+// Lazy Gumbel sample J ~ P_i, given the top-k set S_i (§4.2):
+//   1. head: G_j ~ Gumbel for j in S_i;  M = max_j (s_ij + G_j),  J = argmax
+//   2. B = M - s_min,  s_min = min_{j in S_i} s_ij;  p = P(G > B) = -expm1(-e^{-B})
+//   3. walk the tail positions 0..|R_i|-1 (R_i = C_i \ S_i, ascending key order) with
+//      independent Geometric(p) skips, skip = floor(log u / log1p(-p)): every visited
+//      position is one exceeder (a tail key whose Gumbel exceeds B). This is the
+//      Binomial(|R_i|, p) subset of DISTINCT, uniformly placed tail keys, without a
+//      Binomial sampler.
+//   4. each exceeder j gets G_j ~ Gumbel truncated to (B, inf), in the stable form
+//      E = -log1p(u expm1(-e^{-B})), G = -log E   (E = e^{-G} is Exp(1) below e^{-B});
+//      if s_ij + G_j > M then M = s_ij + G_j, J = j.
+//   Tail keys that are not exceeders have s_ij + G_j <= s_min + B = M and cannot win,
+//   so J has the law of the full-row Gumbel-max argmax: an exact sample from P_i.
+//   Expected exceeders <= |R_i| / k (§4.3). Exactness needs S_i to be a true top-k
+//   (min_{S_i} s_ij >= every tail score); with an approximate index a tail key scoring
+//   above s_min can be missed (§4.3 widens B for that case; not done here).
+//
+// Exceeder cap (§9.2): the walk evaluates at most `max_exceeders` exceeders lazily.
+// When it finds one more, it evaluates that exceeder as usual and then finishes the
+// row densely: every remaining tail position after it gets a full (unconditioned)
+// Gumbel, i.e. an exact Gumbel-max over the rest of the row. The remaining positions
+// are exactly the ones the walk had not yet decided, and a full Gumbel exceeds B with
+// probability p, as a skip would have decided, so the sample stays exact. (Restarting
+// a fresh full-row Gumbel-max instead would not be exact: hitting the cap is
+// correlated with a tail key winning.) The caller may count fallbacks.
+//
+// Draw indices (philox.h: index < 2^28 per purpose). At site {seed, step,
+// layer*NH + h, b*T + i}, sample number `sample_index` owns the block of
+//   D(n_i) = ceil(n_i / 2) Philox calls per purpose, starting at sample_index * D(n_i);
+// each call gives two fp64 uniforms (words 0,1 and 2,3), so draw d of a purpose is
+// call sample_index * D + d/2, pair d % 2:
+//   DRAW_HEAD_GUMBEL       d = head slot (0..k-1)
+//   DRAW_GEOMETRIC_SKIP    d = walk step (at most |R_i| + 1 <= n_i steps)
+//   DRAW_TRUNCATED_GUMBEL  d = tail position (truncated Gumbel for walk exceeders,
+//                          full Gumbel for positions swept after a fallback; a row
+//                          with an empty head set uses it for its plain Gumbel-max)
+// So a row supports 2^28 / D(n_i) sample numbers (2^19 at n_i = 1024). Sample numbers
+// are split between users by parity: the `gumbel` forward uses even numbers 2u, the
+// sampled backward (sampled_grad.h) odd numbers 2m + 1, so the backward draws fresh
+// samples (§9.1).
+//
+// Device arithmetic: the fp64 log, log1p, expm1 and exp are CUDA's natively (within
+// an ulp or two of glibc's), so a native pick can differ from the CPU's only when two
+// candidates tie within such an ulp, or a skip lands within one of an integer.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/common/fma_dot.h"
+#include "kernels/common/philox.h"  // KNNGPT_HD
+
+namespace knngpt {
+
+// Philox calls per purpose reserved for one sample of a row with n_i keys.
+KNNGPT_HD uint32_t lazy_gumbel_calls_per_sample(int n_i) { return (uint32_t)(n_i + 1) / 2; }
+
+// How many sample numbers a row with n_i keys supports: 2^28 / ceil(n_i / 2).
+KNNGPT_HD uint64_t lazy_gumbel_sample_capacity(int n_i) {
+    return (1ull << 28) / (uint64_t)lazy_gumbel_calls_per_sample(n_i < 1 ? 1 : n_i);
+}
+
+// The default exceeder cap for a row with `tail` tail keys and `head` top-k keys. The
+// exceeder count is about |R_i| Y / k with Y ~ Exp(1) (§4.3: e^{-(M - log Z_S)} is
+// Exp(1)), so a cap of 8 ceil(|R_i|/k) + 8 is passed with probability about e^{-8};
+// a fallback costs O(n_i), so the expected fallback cost, about e^{-8} n_i, stays far
+// below the n_i / k of the walk.
+KNNGPT_HD int lazy_gumbel_default_max_exceeders(int tail, int head) {
+    if (head < 1) head = 1;
+    return 8 * ((tail + head - 1) / head) + 8;
+}
+
+// s_ij = tau q_i . k_j with the dot product of fma_dot.h, so every backend computes
+// the same score bit for bit.
+KNNGPT_HD float lazy_gumbel_score(const float* q_i, const float* k_j, int HS, float tau) {
+    return tau * fma_dot(q_i, k_j, HS);
+}
+
+// Fp64 uniform number d of `purpose` for the sample whose block starts at call `base`.
+KNNGPT_HD double lazy_gumbel_uniform(const DrawSite& site, uint32_t purpose, uint32_t base, int d) {
+    Philox4 w = philox_draw(site, purpose, base + (uint32_t)(d >> 1));
+    return (d & 1) ? uniform_open01_f64(w.x[2], w.x[3]) : uniform_open01_f64(w.x[0], w.x[1]);
+}
+
+// Maps increasing tail positions to keys of C_i \ S_i (ascending), skipping the sorted
+// head keys with a cursor: key = pos + (number of head keys <= key).
+struct LazyGumbelTailCursor {
+    const int* head_keys;
+    int head_count;
+    int passed = 0;  // head keys below the current key
+    KNNGPT_HD int key(int pos) {
+        while (passed < head_count && head_keys[passed] <= pos + passed) passed++;
+        return pos + passed;
+    }
+};
+
+// One lazy Gumbel sample of row i (n_i = i + 1 keys): returns J in [0, n_i).
+//   q_i          the query (HS floats); key j at keys + j * stride
+//   topk         the row's k top-k slots: ascending distinct keys below n_i, then -1
+//                (unchecked here: cpu::lazy_gumbel_sample checks them)
+//   sample_index < lazy_gumbel_sample_capacity(n_i) (unchecked here)
+//   exceeders, fell_back   if not null: the exceeders evaluated, and whether the cap hit
+KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
+                                      const int* topk, int k, const DrawSite& site, uint32_t sample_index,
+                                      int max_exceeders, int* exceeders, bool* fell_back) {
+    const uint32_t base = sample_index * lazy_gumbel_calls_per_sample(n_i);
+    const double inf = (double)INFINITY;
+
+    // 1. head: Gumbel-max over the top-k slots (valid slots come first, then -1)
+    int head = 0;
+    double M = -inf, s_min = inf;
+    int best = -1;
+    for (; head < k && topk[head] >= 0; head++) {
+        const int j = topk[head];
+        const double s = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+        const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_HEAD_GUMBEL, base, head)));
+        if (s + g > M) { M = s + g; best = j; }
+        s_min = s < s_min ? s : s_min;
+    }
+    const int tail = n_i - head;
+    int x = 0;  // exceeders: tail keys whose Gumbel exceeds B
+    bool fallback = false;
+
+    if (tail > 0 && head == 0) {
+        // no head set: a plain Gumbel-max over the whole row (tail position = key)
+        for (int j = 0; j < n_i; j++) {
+            const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
+            const double s = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+            if (s + g > M) { M = s + g; best = j; }
+        }
+    } else if (tail > 0) {
+        // 2. threshold and exceedance probability, in fp64
+        const double B = M - s_min;
+        const double e_minus_B = exp(-B);
+        const double p = -expm1(-e_minus_B);
+        const double log_no_exceed = log1p(-p);  // log(1 - p) < 0 (-0 when p = 0: no exceeders)
+        const double trunc_scale = expm1(-e_minus_B);  // in [-1, 0)
+        LazyGumbelTailCursor cursor{topk, head};
+        // 3.-4. geometric-skip walk: each visited position is one exceeder
+        long long pos = -1;
+        for (int step = 0;; step++) {
+            const double u = lazy_gumbel_uniform(site, DRAW_GEOMETRIC_SKIP, base, step);
+            const double skip = floor(log(u) / log_no_exceed);  // +inf when p = 0
+            if (!((double)pos + 1.0 + skip < (double)tail)) break;
+            pos += 1 + (long long)skip;
+            x++;
+            const int j = cursor.key((int)pos);
+            const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
+            const double g = -log(-log1p(ut * trunc_scale));  // Gumbel truncated to (B, inf)
+            const double s = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+            if (s + g > M) { M = s + g; best = j; }
+            if (x > max_exceeders) {
+                // cap hit: finish the row densely with full Gumbels (exact, see the header)
+                fallback = true;
+                for (int rest = (int)pos + 1; rest < tail; rest++) {
+                    const double gr = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
+                    if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
+                    x++;
+                    const int jr = cursor.key(rest);
+                    const double sr = lazy_gumbel_score(q_i, keys + (size_t)jr * stride, HS, tau);
+                    if (sr + gr > M) { M = sr + gr; best = jr; }
+                }
+                break;
+            }
+        }
+    }
+    if (exceeders) *exceeders = x;
+    if (fell_back) *fell_back = fallback;
+    return best;
+}
+
+}  // namespace knngpt

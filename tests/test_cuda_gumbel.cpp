@@ -1,0 +1,183 @@
+// tests/test_cuda_gumbel.cpp — kernels/cuda/gumbel_attention.cuh (the `gumbel` forward:
+// the median of means of lazy Gumbel samples) run under the emulator against its CPU
+// twin cpu::gumbel_attention_forward, and the shared sampler
+// (kernels/common/lazy_gumbel.h) run in a kernel against cpu::lazy_gumbel_sample:
+//   the forward: the same out to 1e-5 relative to the largest reference entry, for two
+//   shapes (head sizes 8 and 32), k = 1, 4 and k >= T (rows that are all head), groups
+//   1, 3 and 4 (even: the mean of the two middle values), 1 and 5 samples per group,
+//   top-k lists from cpu::causal_topk_brute, nonzero seed, step and layer;
+//   the sampler on the device: the same key, exceeder count and fallback flag as the
+//   CPU for every row and sample number tried, with the default exceeder cap and with
+//   caps 0 and 1, which force the fallback (the forward always uses the default cap,
+//   which test rows of this size never hit, so the fallback is tested here);
+//   groups above kGumbelMaxGroups and groups * samples past the draw-index capacity
+//   exit with a one-line error.
+//
+// Tolerance: both sides draw the same samples and add the same fp32 values in the same
+// order; one sample chosen differently moves an entry by a whole |v_J - v_J'| / t, far
+// above 1e-5 of the largest entry, so the comparison checks the samples too.
+#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
+#define KNNGPT_CUDA_EMU
+#endif
+
+#include "kernels/cuda/common.cuh"
+#include "tests/cuda_test_util.h"
+
+#include "kernels/cuda/gumbel_attention.cuh"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/common/lazy_gumbel.h"
+#include "kernels/common/philox.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gumbel_attention.h"
+#include "kernels/cpu/topk_index.h"
+#include "tests/test_util.h"
+
+using knngpt::DrawSite;
+using knngpt_test::DeviceArray;
+using knngpt_test::max_rel_error;
+using knngpt_test::uniform;
+using std::vector;
+
+namespace {
+
+constexpr double kTolerance = 1e-5;
+
+struct Shape {
+    int B, T, C, NH;
+    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
+    size_t out_size() const { return (size_t)B * T * C; }
+};
+
+// qkv uniform in [-2, 2] (rows far from uniform, so heads and tails both win)
+vector<float> make_qkv(const Shape& s, unsigned seed) {
+    vector<float> qkv = uniform(s.qkv_size(), seed);
+    for (float& v : qkv) v *= 2.0f;
+    return qkv;
+}
+
+vector<int> make_topk(const vector<float>& qkv, const Shape& s, int k) {
+    vector<int> topk((size_t)s.B * s.NH * s.T * k);
+    knngpt::cpu::causal_topk_brute(topk.data(), qkv.data(), s.B, s.T, s.C, s.NH, k);
+    return topk;
+}
+
+void expect_same_forward(const Shape& s, unsigned data_seed) {
+    const vector<float> qkv = make_qkv(s, data_seed);
+    DeviceArray<float> d_qkv(qkv);
+    const uint64_t seed = 0x9E3779B97F4A7C15ull;
+    const uint32_t step = 3;
+    const int layer = 1;
+    for (int k : {1, 4, s.T + 2}) {
+        const vector<int> topk = make_topk(qkv, s, k);
+        DeviceArray<int> d_topk(topk);
+        for (int groups : {1, 3, 4}) {
+            for (int samples : {1, 5}) {
+                vector<float> expected(s.out_size());
+                knngpt::cpu::gumbel_attention_forward(expected.data(), qkv.data(), topk.data(), s.B, s.T, s.C, s.NH, k,
+                                                      groups, samples, seed, step, layer);
+                DeviceArray<float> d_out(vector<float>(s.out_size(), 7.0f));
+                knngpt::cuda::gumbel_attention_forward(d_out.ptr, d_qkv.ptr, d_topk.ptr, s.B, s.T, s.C, s.NH, k, groups,
+                                                       samples, seed, step, layer);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                const vector<float> got = d_out.to_host();
+                EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
+                    << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " k " << k << " groups "
+                    << groups << " samples " << samples;
+            }
+        }
+    }
+}
+
+TEST(CudaGumbel, ForwardMatchesCpuHeadSize8) { expect_same_forward(Shape{2, 23, 24, 3}, 41); }
+
+TEST(CudaGumbel, ForwardMatchesCpuHeadSize32) { expect_same_forward(Shape{1, 40, 64, 2}, 51); }
+
+// One thread per (row i, sample number n) of head 0 of batch 0: the shared sampler on
+// the device, with the exceeder cap `cap` (< 0: the default cap).
+__global__ void lazy_gumbel_probe_kernel(int* J, int* exceeders, int* fell_back, const float* qkv, const int* topk,
+                                         int T, int C, int NH, int k, int numbers, int cap, uint64_t seed) {
+    const int thread = blockIdx.x * blockDim.x + threadIdx.x;
+    if (thread >= T * numbers) return;
+    const int i = thread / numbers, n = thread % numbers;
+    const int HS = C / NH, C3 = 3 * C;
+    const float tau = 1.0f / sqrtf((float)HS);
+    const int* row_topk = topk + (size_t)i * k;
+    int head = 0;
+    while (head < k && row_topk[head] >= 0) head++;
+    const int max_exceeders = cap >= 0 ? cap : knngpt::lazy_gumbel_default_max_exceeders(i + 1 - head, head);
+    const DrawSite site{seed, 2, 0, (uint32_t)i};
+    bool fb = false;
+    J[thread] = knngpt::lazy_gumbel_sample_core(qkv + (size_t)i * C3, qkv + C, C3, HS, tau, i + 1, row_topk, k, site,
+                                                (uint32_t)n, max_exceeders, &exceeders[thread], &fb);
+    fell_back[thread] = fb ? 1 : 0;
+}
+
+TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
+    const Shape s{1, 60, 32, 2};
+    // flat rows (small queries): many exceeders, so small caps are hit often
+    vector<float> qkv = make_qkv(s, 61);
+    for (size_t n = 0; n < qkv.size(); n++)
+        if (n % (3 * s.C) < (size_t)s.C) qkv[n] *= 0.1f;
+    DeviceArray<float> d_qkv(qkv);
+    const int numbers = 24;
+    const int threads = s.T * numbers;
+    const int HS = s.C / s.NH, C3 = 3 * s.C;
+    const float tau = 1.0f / std::sqrt((float)HS);
+    const uint64_t seed = 77;
+    for (int k : {1, 4}) {
+        const vector<int> topk = make_topk(qkv, s, k);  // head 0's lists come first
+        DeviceArray<int> d_topk(topk);
+        for (int cap : {-1, 0, 1}) {
+            DeviceArray<int> d_J(vector<int>(threads, -7)), d_x(vector<int>(threads, -7)),
+                d_fb(vector<int>(threads, -7));
+            launch(lazy_gumbel_probe_kernel, knngpt::cuda::ceil_div(threads, 128), 128, 0, nullptr, d_J.ptr, d_x.ptr,
+                   d_fb.ptr, d_qkv.ptr, d_topk.ptr, s.T, s.C, s.NH, k, numbers, cap, seed);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            const vector<int> J = d_J.to_host(), x = d_x.to_host(), fb = d_fb.to_host();
+            int mismatches = 0, fallbacks = 0;
+            for (int i = 0; i < s.T; i++) {
+                const int* row_topk = topk.data() + (size_t)i * k;
+                int head = 0;
+                while (head < k && row_topk[head] >= 0) head++;
+                const int max_exceeders = cap >= 0 ? cap : knngpt::lazy_gumbel_default_max_exceeders(i + 1 - head, head);
+                const DrawSite site{seed, 2, 0, (uint32_t)i};
+                for (int n = 0; n < numbers; n++) {
+                    int want_x = 0;
+                    bool want_fb = false;
+                    const int want = knngpt::cpu::lazy_gumbel_sample(qkv.data() + (size_t)i * C3, qkv.data() + s.C, C3,
+                                                                     HS, tau, i + 1, row_topk, k, site, (uint32_t)n,
+                                                                     max_exceeders, &want_x, &want_fb);
+                    const int t = i * numbers + n;
+                    mismatches += J[t] != want || x[t] != want_x || fb[t] != (want_fb ? 1 : 0);
+                    fallbacks += want_fb ? 1 : 0;
+                }
+            }
+            EXPECT_EQ(mismatches, 0) << "k " << k << " cap " << cap;
+            if (cap == 0) {
+                EXPECT_GT(fallbacks, threads / 4) << "k " << k << ": cap 0 should fall back often";
+            }
+            if (cap < 0) {
+                EXPECT_EQ(fallbacks, 0) << "k " << k << ": the default cap is not expected to be hit here";
+            }
+        }
+    }
+}
+
+// The unsupported configurations stop with one line before touching any pointer.
+TEST(CudaGumbel, UnsupportedConfigurationsExit) {
+    testing::FLAGS_gtest_death_test_style = "threadsafe";
+    auto run = [](int T, int groups, int samples) {
+        knngpt::cuda::gumbel_attention_forward(nullptr, nullptr, nullptr, 1, T, 16, 2, 4, groups, samples, 1, 0, 0);
+    };
+    EXPECT_EXIT(run(8, knngpt::cuda::kGumbelMaxGroups + 1, 2), testing::ExitedWithCode(1), "need 1 <= groups <= 16");
+    EXPECT_EXIT(run(8, 3, 0), testing::ExitedWithCode(1), "samples_per_group >= 1");
+    EXPECT_EXIT(run(1 << 20, 16, 1 << 10), testing::ExitedWithCode(1), "expected <= ");
+}
+
+}  // namespace
