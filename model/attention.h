@@ -128,8 +128,14 @@ inline void validate_attn_config(const AttnConfig& a) {
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
         throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
     // what this build's kernels cover (the CPU backend: everything)
-    std::string unsupported =
-        ops::attention_unsupported(a.mode, a.index, a.grad, a.sampled_from_lazy_gumbel(), a.grad_signed_dv);
+    AttnRequest request;
+    request.mode = a.mode;
+    request.index = a.index;
+    request.grad = a.grad;
+    request.lazy_gumbel_grad = a.sampled_from_lazy_gumbel();
+    request.signed_dv = a.grad_signed_dv;
+    request.gumbel_groups = a.mode == AttnMode::Gumbel ? a.gumbel_groups : 0;
+    std::string unsupported = ops::attention_unsupported(request);
     if (!unsupported.empty()) throw std::runtime_error(unsupported);
 }
 

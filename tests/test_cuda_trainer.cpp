@@ -26,8 +26,10 @@
 // ~5e-3 norm-wise after 3 steps. The bounds are 10x those: losses 5e-4,
 // parameters 5e-2, which a wrong operand, a missing rounding-free fp32
 // accumulation or a broken conversion would exceed.
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/checkpoint.h"
@@ -130,6 +132,14 @@ TEST_F(CudaTrainer, SampledGradientMatchesCpuTrainer) {
     expect_same_run(" --attn knn --attn-k 5 --attn-grad sampled --attn-grad-source exact-row --attn-seed 9");
 }
 
+// Lazy Gumbel on the top-k lists (kernels/common/lazy_gumbel.h, one sampler for both
+// builds): the gumbel forward with lazy-Gumbel gradient samples, and the knn forward
+// whose sampled backward draws lazy Gumbel samples by default.
+TEST_F(CudaTrainer, LazyGumbelMatchesCpuTrainer) {
+    expect_same_run(" --attn gumbel --attn-k 4 --attn-grad sampled --attn-grad-samples 4 --attn-seed 11");
+    expect_same_run(" --attn knn --attn-k 5 --attn-grad sampled --attn-seed 13");
+}
+
 TEST_F(CudaTrainer, Bf16BuildStaysCloseToCpuTrainer) {
     expect_same_run("", cuda_trainer_bf16(), "cuda (bf16 matmuls", 5e-4, 5e-2);
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5", cuda_trainer_bf16(),
@@ -138,11 +148,17 @@ TEST_F(CudaTrainer, Bf16BuildStaysCloseToCpuTrainer) {
 
 // What the CUDA build has no kernel for stops at start-up with one line.
 TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
-    for (const std::string extra : {" --attn kmv --attn-tail 4", " --attn knn --attn-index lsh",
-                                    " --attn knn --attn-grad sampled", " --attn-grad sampled --attn-grad-dv signed"}) {
+    const std::pair<std::string, std::string> cases[] = {
+        {" --attn kmv --attn-tail 4", "not available in the CUDA build"},
+        {" --attn knn --attn-index lsh", "not available in the CUDA build"},
+        {" --attn knn --attn-index block", "not available in the CUDA build"},
+        {" --attn-grad sampled --attn-grad-source lazy-gumbel --attn-index block", "not available in the CUDA build"},
+        {" --attn-grad sampled --attn-grad-dv signed", "not available in the CUDA build"},
+        {" --attn gumbel --attn-grad sampled --attn-gumbel-groups 17", "--attn-gumbel-groups 17"}};
+    for (const auto& [extra, message] : cases) {
         RunResult r = run(cuda_trainer() + flags(tmp.file("refused")) + extra, tmp);
         EXPECT_EQ(r.exit_code, 1) << extra;
-        EXPECT_NE(r.err.find("not available in the CUDA build"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
         EXPECT_TRUE(r.out.empty()) << r.out;
         EXPECT_FALSE(exists(tmp.file("refused"))) << extra;

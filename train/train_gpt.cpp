@@ -595,6 +595,7 @@ static int run(const Options& o) {
         }
         float lr = learning_rate_at(schedule, o.lr, step, o.warmup, (int)train_steps, o.final_lr_frac);
         float norm = gpt_update(model, lr, opt, step + 1);
+        ops::device_synchronize();  // the step's queued kernels belong to its time
         double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
         last_train_loss = loss_sum / accum_steps;
         if (step > start_step) { total_ms += ms; timed_steps++; }  // the first step warms caches

@@ -8,6 +8,7 @@
 //   LshParams         hyperplane LSH index: tables, bits, Philox site
 //   KmvParams         KDEformer-style heavy/light split (§7)
 //   GradSampleSource  where the sampled backward draws its keys (§5)
+//   AttnRequest       what a run needs of a backend's attention kernels
 #pragma once
 #include <cstdint>
 
@@ -37,5 +38,16 @@ struct KmvParams {
 };
 
 enum class GradSampleSource { ExactRow, LazyGumbel };
+
+// What a run asks of the backend's attention kernels, checked before it starts
+// (ops::attention_unsupported): the parts of AttnConfig a backend may lack.
+struct AttnRequest {
+    AttnMode mode = AttnMode::Exact;
+    TopkIndex index = TopkIndex::Brute;
+    AttnGrad grad = AttnGrad::Exact;
+    bool lazy_gumbel_grad = false;  // sampled backward drawing lazy Gumbel samples from top-k lists
+    bool signed_dv = false;         // --attn-grad-dv signed
+    int gumbel_groups = 0;          // --attn-gumbel-groups of a gumbel forward
+};
 
 }  // namespace knngpt

@@ -60,6 +60,9 @@ inline void unregister_parameters(const float*) {}
 inline double device_peak_flops() { return 0.0; }
 
 // Every attention mode, index and gradient has a CPU kernel: nothing to refuse.
-inline std::string attention_unsupported(AttnMode, TopkIndex, AttnGrad, bool, bool) { return ""; }
+inline std::string attention_unsupported(const AttnRequest&) { return ""; }
+
+// Waits for the device's queued work (timing); the CPU's ops are synchronous.
+inline void device_synchronize() {}
 
 }  // namespace knngpt::cpu

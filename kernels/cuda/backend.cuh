@@ -16,11 +16,12 @@
 // summation order (which test_cuda_trainer checks to 1e-5).
 //
 // Attention coverage: exact attention (tiled, flash style), the key-list modes
-// knn and knn-tail with the brute top-k index and exact gradients, and the
-// sampled backward with samples from the exact row (row-wise dV) have CUDA
-// kernels. The block and lsh indices, gumbel, kmv, lazy-Gumbel gradient
-// samples and signed-start dV exist on the CPU only; attention_unsupported() names what is
-// missing, so a run asking for them stops at start-up with one line.
+// knn and knn-tail with the brute top-k index and exact gradients, gumbel (the
+// lazy Gumbel median of means), and the sampled backward with samples from the
+// exact row or from lazy Gumbel on the top-k lists (row-wise dV) have CUDA
+// kernels. The block and lsh indices, kmv and signed-start dV exist on the CPU
+// only; attention_unsupported() names what is missing, so a run asking for them
+// stops at start-up with one line.
 #pragma once
 #include <cstddef>
 #include <cstring>
@@ -37,6 +38,7 @@
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/global_norm.cuh"
+#include "kernels/cuda/gumbel_attention.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/residual.cuh"
@@ -122,38 +124,40 @@ inline double device_peak_flops() {
 
 // ---- attention ops without a CUDA kernel yet ---------------------------------
 
-// One line naming what this build cannot run, or "" when it can.
-// lazy_gumbel_grad: the sampled backward draws from lazy Gumbel on the top-k;
-// signed_dv: --attn-grad-dv signed.
-inline std::string attention_unsupported(AttnMode mode, TopkIndex index, AttnGrad grad, bool lazy_gumbel_grad,
-                                         bool signed_dv) {
+// One line naming what this build cannot run, or "" when it can. A
+// lazy-Gumbel sampled backward needs top-k lists, so the index matters for it
+// even after an exact forward.
+inline std::string attention_unsupported(const AttnRequest& r) {
     const std::string build = " is not available in the CUDA build yet (train_gpt_cpu has it)";
-    if (mode == AttnMode::Gumbel) return "--attn gumbel" + build;
-    if (mode == AttnMode::Kmv) return "--attn kmv" + build;
-    if (grad == AttnGrad::Sampled && lazy_gumbel_grad)
-        return "--attn-grad sampled with lazy-Gumbel samples (--attn-grad-source lazy-gumbel, the default after a "
-               "kNN forward)" + build + "; --attn-grad-source exact-row runs";
-    if (grad == AttnGrad::Sampled && signed_dv) return "--attn-grad-dv signed" + build;
-    if (mode != AttnMode::Exact && index != TopkIndex::Brute)
-        return std::string("--attn-index ") + (index == TopkIndex::Block ? "block" : "lsh") + build;
+    if (r.mode == AttnMode::Kmv) return "--attn kmv" + build;
+    if (r.grad == AttnGrad::Sampled && r.signed_dv) return "--attn-grad-dv signed" + build;
+    if ((r.mode != AttnMode::Exact || r.lazy_gumbel_grad) && r.index != TopkIndex::Brute)
+        return std::string("--attn-index ") + (r.index == TopkIndex::Block ? "block" : "lsh") + build;
+    if (r.mode == AttnMode::Gumbel && r.gumbel_groups > kGumbelMaxGroups)
+        return "--attn-gumbel-groups " + std::to_string(r.gumbel_groups) + ": the CUDA build takes at most " +
+               std::to_string(kGumbelMaxGroups);
     return "";
 }
 
+inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
-    if (index != TopkIndex::Brute)
-        throw std::runtime_error(attention_unsupported(AttnMode::Knn, index, AttnGrad::Exact, false, false));
+    if (index != TopkIndex::Brute) {
+        AttnRequest r;
+        r.mode = AttnMode::Knn;
+        r.index = index;
+        throw std::runtime_error(attention_unsupported(r));
+    }
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
-// The rest are refused by attention_unsupported() before a run starts; these
-// definitions only let the shared dispatch in model/attention.h compile.
-inline void gumbel_attention_forward(float*, const float*, const int*, int, int, int, int, int, int, int, uint64_t,
-                                     uint32_t, int) {
-    throw std::runtime_error(attention_unsupported(AttnMode::Gumbel, TopkIndex::Brute, AttnGrad::Exact, false, false));
-}
+// kmv is refused by attention_unsupported() before a run starts; this definition
+// only lets the shared dispatch in model/attention.h compile.
 inline void kmv_select_keys(int*, float*, const float*, int, int, int, int, int, const KmvParams&) {
-    throw std::runtime_error(attention_unsupported(AttnMode::Kmv, TopkIndex::Brute, AttnGrad::Exact, false, false));
+    AttnRequest r;
+    r.mode = AttnMode::Kmv;
+    throw std::runtime_error(attention_unsupported(r));
 }
 
 }  // namespace knngpt::cuda
