@@ -1,14 +1,20 @@
 // tests/test_cuda_sampled_grad.cpp — kernels/cuda/sampled_grad.cuh (the sampled
-// attention backward, row-wise dV) run under the emulator against its CPU twin
-// cpu::sampled_attention_backward(..., source, false, ...), for both sample sources:
+// attention backward) run under the emulator against its CPU twin
+// cpu::sampled_attention_backward(..., source, signed_start_dv, ...), for both sample
+// sources, row-wise dV:
 //   ExactRow: the same dqkv to 1e-5 relative to the largest reference entry, from a
 //   nonzero dqkv and after two calls (+=), for two shapes (head sizes 8 and 32), s = 1,
 //   4, 16 and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer;
 //   LazyGumbel (lazy Gumbel sample number 2m + 1 on the row's top-k list): the same, with
 //   top-k lists from cpu::causal_topk_brute for k = 1, 4 and k >= T (rows that are all
 //   head), s = 1, 5 and 37;
-//   the unsupported configuration (signed-start dV), LazyGumbel without top-k lists or
-//   past the draw-index capacity, and samples < 1 exit with a one-line error;
+//   signed-start dV (walk starts per column of dO, each row drawing as many samples as
+//   its most walks): the same to 1e-5 for both sources, s = 1 and 4, two seeds, both
+//   shapes, on a dout with an all-zero column (no walks), scattered exact zeros, and a
+//   column whose only nonzero entry sits in one row (that row draws all N = T s walks
+//   of the column: several chunks of 32 samples);
+//   LazyGumbel without top-k lists or past the draw-index capacity, signed-start dV past
+//   it (either source), and samples < 1 exit with a one-line error;
 //   under the emulator, the device score equals cpu::lazy_gumbel_score bit for bit at
 //   the usual head sizes (the scores decide the samples; a 1-ulp difference would
 //   change a pick only rarely, so the backward comparison alone would not show it).
@@ -17,7 +23,8 @@
 // differ by the float atomic additions against the CPU's fp64 per-head sums (a few ulp
 // over at most a few hundred O(1) terms), dQ by fp64 summation order only. One sample
 // chosen differently moves an entry by a whole term, coef k_J or dO_i / s, far above
-// 1e-5 of the largest entry, so the comparison checks the samples too.
+// 1e-5 of the largest entry, so the comparison checks the samples too; likewise one
+// walk start counted at another row moves a dV entry by a whole walk weight ||x||_1 / N.
 #ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
 #define KNNGPT_CUDA_EMU
 #endif
@@ -74,26 +81,26 @@ Problem make_problem(const Shape& s, unsigned seed) {
 
 // dqkv0 plus two calls of the CPU backward (topk: (B, NH, T, k) lists for LazyGumbel)
 vector<float> cpu_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
-                           uint64_t seed, uint32_t step, int layer) {
+                           uint64_t seed, uint32_t step, int layer, bool signed_start_dv = false) {
     const Shape& s = p.shape;
     vector<float> dqkv = p.dqkv0;
     for (int call = 0; call < 2; call++)
         knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(),
                                                 topk.empty() ? nullptr : topk.data(), k, s.B, s.T, s.C, s.NH, samples,
-                                                source, false, seed, step, layer);
+                                                source, signed_start_dv, seed, step, layer);
     return dqkv;
 }
 
 // the same with the CUDA kernel
 vector<float> cuda_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
-                            uint64_t seed, uint32_t step, int layer) {
+                            uint64_t seed, uint32_t step, int layer, bool signed_start_dv = false) {
     const Shape& s = p.shape;
     DeviceArray<float> d_dqkv(p.dqkv0), d_dout(p.dout), d_qkv(p.qkv), d_out(p.out);
     DeviceArray<int> d_topk(topk.empty() ? vector<int>(1, -1) : topk);
     for (int call = 0; call < 2; call++)
         knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr,
                                                  topk.empty() ? nullptr : d_topk.ptr, k, s.B, s.T, s.C, s.NH, samples,
-                                                 source, false, seed, step, layer);
+                                                 source, signed_start_dv, seed, step, layer);
     CUDA_CHECK(cudaDeviceSynchronize());
     return d_dqkv.to_host();
 }
@@ -135,6 +142,44 @@ void expect_same_lazy_gumbel_backward(const Shape& s, unsigned data_seed) {
     }
 }
 
+// Signed-start dV on a dout with the edge cases of the walk starts: column 1 of every
+// head all zero (no walks), column 2 zero but for row T/3 (every walk of the column
+// starts there: that row draws N = T s samples), and every 7th entry an exact zero.
+void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
+    Problem p = make_problem(s, data_seed);
+    const int HS = s.C / s.NH;
+    for (size_t n = 0; n < p.dout.size(); n += 7) p.dout[n] = 0.0f;
+    for (int b = 0; b < s.B; b++)
+        for (int i = 0; i < s.T; i++)
+            for (int h = 0; h < s.NH; h++) {
+                float* d_o = &p.dout[((size_t)b * s.T + i) * s.C + (size_t)h * HS];
+                d_o[1] = 0.0f;
+                if (i != s.T / 3) d_o[2] = 0.0f;
+                else if (d_o[2] == 0.0f) d_o[2] = 0.5f;
+            }
+    const int k = 4;
+    vector<int> topk((size_t)s.B * s.NH * s.T * k);
+    knngpt::cpu::causal_topk_brute(topk.data(), p.qkv.data(), s.B, s.T, s.C, s.NH, k);
+    const uint64_t seeds[] = {3, 0x9E3779B97F4A7C15ull};
+    for (GradSampleSource source : {GradSampleSource::ExactRow, GradSampleSource::LazyGumbel}) {
+        const bool lazy = source == GradSampleSource::LazyGumbel;
+        const vector<int> lists = lazy ? topk : vector<int>();
+        for (int samples : {1, 4}) {
+            for (uint64_t seed : seeds) {
+                const uint32_t step = 6;
+                const int layer = 1;
+                const vector<float> expected =
+                    cpu_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
+                const vector<float> got = cuda_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
+                ASSERT_EQ(got.size(), expected.size());
+                EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
+                    << (lazy ? "lazy-gumbel" : "exact-row") << " B " << s.B << " T " << s.T << " C " << s.C
+                    << " NH " << s.NH << " samples " << samples << " seed " << seed;
+            }
+        }
+    }
+}
+
 TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
 
 TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
@@ -142,6 +187,10 @@ TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape
 TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
 
 TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize32) { expect_same_lazy_gumbel_backward(Shape{1, 40, 64, 2}, 22); }
+
+TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize8) { expect_same_signed_start_backward(Shape{2, 23, 24, 3}, 13); }
+
+TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize32) { expect_same_signed_start_backward(Shape{1, 40, 64, 2}, 23); }
 
 #if defined(KNNGPT_CUDA_EMU)  // a __device__ function is callable from the host only here
 TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
@@ -173,8 +222,12 @@ TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
                 "the lazy-gumbel source needs top-k lists");
     EXPECT_EXIT(run(GradSampleSource::LazyGumbel, false, 1000, &topk_stub, 1 << 20), testing::ExitedWithCode(1),
                 "overflows the 28-bit draw index");
-    EXPECT_EXIT(run(GradSampleSource::ExactRow, true, 4), testing::ExitedWithCode(1),
-                "signed-start dV is not implemented in the CUDA build");
+    // signed-start dV: HS T s = 8 * 2^22 * 8 = 2^28 walk starts (row-wise, s = 8 fits)
+    EXPECT_EXIT(run(GradSampleSource::ExactRow, true, 8, nullptr, 1 << 22), testing::ExitedWithCode(1),
+                "signed-start dV with samples = 8 at T = 4194304 overflows the 28-bit draw index");
+    // lazy Gumbel: 2 T s = 2^17 sample numbers, past the 2^28 / 2^12 = 2^16 a row of T = 2^13 keys holds
+    EXPECT_EXIT(run(GradSampleSource::LazyGumbel, true, 8, &topk_stub, 1 << 13), testing::ExitedWithCode(1),
+                "signed-start dV with samples = 8 at T = 8192 overflows the 28-bit draw index");
     EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 0), testing::ExitedWithCode(1), "need 1 <= samples");
 }
 

@@ -132,6 +132,13 @@ TEST_F(CudaTrainer, SampledGradientMatchesCpuTrainer) {
     expect_same_run(" --attn knn --attn-k 5 --attn-grad sampled --attn-grad-source exact-row --attn-seed 9");
 }
 
+// Signed-start dV: the same walk starts and per-row samples in both builds, from the
+// exact row and from lazy Gumbel on the knn forward's lists.
+TEST_F(CudaTrainer, SignedStartDvMatchesCpuTrainer) {
+    expect_same_run(" --attn-grad sampled --attn-grad-samples 2 --attn-grad-dv signed --attn-seed 17");
+    expect_same_run(" --attn knn --attn-k 5 --attn-grad sampled --attn-grad-dv signed --attn-seed 19");
+}
+
 // Lazy Gumbel on the top-k lists (kernels/common/lazy_gumbel.h, one sampler for both
 // builds): the gumbel forward with lazy-Gumbel gradient samples, and the knn forward
 // whose sampled backward draws lazy Gumbel samples by default.
@@ -153,7 +160,6 @@ TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
         {" --attn knn --attn-index lsh", "not available in the CUDA build"},
         {" --attn knn --attn-index block", "not available in the CUDA build"},
         {" --attn-grad sampled --attn-grad-source lazy-gumbel --attn-index block", "not available in the CUDA build"},
-        {" --attn-grad sampled --attn-grad-dv signed", "not available in the CUDA build"},
         {" --attn gumbel --attn-grad sampled --attn-gumbel-groups 17", "--attn-gumbel-groups 17"}};
     for (const auto& [extra, message] : cases) {
         RunResult r = run(cuda_trainer() + flags(tmp.file("refused")) + extra, tmp);

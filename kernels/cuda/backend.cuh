@@ -18,10 +18,10 @@
 // Attention coverage: exact attention (tiled, flash style), the key-list modes
 // knn and knn-tail with the brute top-k index and exact gradients, gumbel (the
 // lazy Gumbel median of means), and the sampled backward with samples from the
-// exact row or from lazy Gumbel on the top-k lists (row-wise dV) have CUDA
-// kernels. The block and lsh indices, kmv and signed-start dV exist on the CPU
-// only; attention_unsupported() names what is missing, so a run asking for them
-// stops at start-up with one line.
+// exact row or from lazy Gumbel on the top-k lists (row-wise or signed-start dV)
+// have CUDA kernels. The block and lsh indices and kmv exist on the CPU only;
+// attention_unsupported() names what is missing, so a run asking for them stops
+// at start-up with one line.
 #pragma once
 #include <cstddef>
 #include <cstring>
@@ -130,7 +130,6 @@ inline double device_peak_flops() {
 inline std::string attention_unsupported(const AttnRequest& r) {
     const std::string build = " is not available in the CUDA build yet (train_gpt_cpu has it)";
     if (r.mode == AttnMode::Kmv) return "--attn kmv" + build;
-    if (r.grad == AttnGrad::Sampled && r.signed_dv) return "--attn-grad-dv signed" + build;
     if ((r.mode != AttnMode::Exact || r.lazy_gumbel_grad) && r.index != TopkIndex::Brute)
         return std::string("--attn-index ") + (r.index == TopkIndex::Block ? "block" : "lsh") + build;
     if (r.mode == AttnMode::Gumbel && r.gumbel_groups > kGumbelMaxGroups)

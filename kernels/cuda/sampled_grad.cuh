@@ -1,7 +1,7 @@
 // kernels/cuda/sampled_grad.cuh — sampled gradients of EXACT causal attention,
-// `--attn-grad sampled` with row-wise dV. Twin of cpu::sampled_attention_backward
-// (kernels/cpu/sampled_grad.h, ALGORITHMS.md §5) for both sample sources without
-// signed-start dV: the same samples and the same terms.
+// `--attn-grad sampled`, with row-wise or signed-start dV (`--attn-grad-dv signed`).
+// Twin of cpu::sampled_attention_backward (kernels/cpu/sampled_grad.h, ALGORITHMS.md
+// §5) for both sample sources: the same samples, walk starts and terms.
 //
 // For every row (b, h, i), with n_i = i + 1 keys, backward sample m (0 <= m < s) is
 // J_m ~ P_i (the causal softmax row), from one of two sources at site
@@ -18,15 +18,35 @@
 //               lazy_gumbel_default_max_exceeders(n_i - |S_i|, |S_i|), as on the CPU
 // Then Delta_i = dO_i . O_i (fp64, from the given out), and for each sample J = J_m:
 //     coef = tau (dO_i . v_J - Delta_i) / s
-//     dQ_i += coef k_J,   dK_J += coef q_i,   dV_J += dO_i / s
+//     dQ_i += coef k_J,   dK_J += coef q_i,   dV_J += dO_i / s   (row-wise dV)
 // Each term is unbiased for the exact gradient (§5.2).
+//
+// Signed-start dV replaces dV_J += dO_i / s. Per column c of dO in (b, h), x_i = dO_ic:
+//   cdf_i = |x_0| + ... + |x_i|            fp64, summed in i order; l1 = cdf_{T-1}
+//   N = T s walks of weight l1 / N (none if l1 == 0); walk n starts at row
+//   i_n = the first i with cdf_i > u_n l1 (T - 1 if none), u_n = uniform_open01_f64 of
+//   DRAW_GRADIENT_SAMPLE index 2^27 + c N + n at the site {seed, step, layer*NH + h, b*T}
+//   (query 0 of (b, h)); W_ic = the walks of column c that start at row i.
+// Row i then draws count_i = max(s, max_c W_ic) samples J_0, J_1, ... (the row-wise
+// sequence, longer), uses J_0..J_{s-1} for dQ and dK as above, and for every column c
+// adds (x_ic > 0 ? l1 / N : -l1 / N) to dV_{J_m, c} for m < W_ic.
 //
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h (q, k, v of head h at channels h*HS of
 // their C-wide section); dout, out (B, T, C), head h at channels h*HS; topk_idx
 // (B, NH, T, k) ascending, -1 padded (LazyGumbel only). HS = C / NH <=
 // kSampledGradMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
 //
-// Design: one warp per row (b, h, i), the longest rows scheduled first.
+// Design: one warp per row (b, h, i), the longest rows scheduled first, after (for
+// signed-start dV only) a walk-start kernel.
+// Walk starts: one warp per column (b, h, c). Every lane adds the column's |x_i| in i
+//   order (broadcast by shuffles, as pass 2 below), so the running sums are the CPU's
+//   exactly; they go to a global fp64 scratch cdf (B, NH, HS, T). The lanes then draw
+//   walks n = lane, lane + 32, ..., find each start by binary search for the upper
+//   bound (the CPU's std::upper_bound: the same index on a nondecreasing array) and
+//   count it by integer atomicAdd into walk_counts (B, NH, T, HS), zeroed per call; the
+//   weight l1 / N goes to a (B, NH, HS) scratch. The counts are exact, so every row gets
+//   the CPU's W_ic. The scratch is one buffer grown on demand and kept for the process.
+//   Cost per column: O(T) for the sums, O(N log T / 32) per lane for the starts.
 // ExactRow:
 //   pass 1  lanes take keys j = lane, lane + 32, ...; each lane computes whole scores
 //           (the sequential chain above); the fp64 row max is a warp max (exact in any
@@ -48,17 +68,29 @@
 //   any row may sample any key. The order of those additions varies from run to run, so
 //   dK and dV are not bit-reproducible, and they differ from the CPU's fp64 per-head sums
 //   by rounding only; dQ is reproducible.
+// Signed-start dV: the row's count_i is a warp max of the lanes' W_ic; the chunk loop
+//   draws count_i samples (any number: chunks of 32, each sample on its own), the dQ/dK
+//   terms skip samples m >= s, and the lane owning channel c adds the float-rounded
+//   signed weight to dV_{J_m, c} by atomicAdd for m < W_ic. E[W_ic] = s |x_ic| / mean_i
+//   |x_ic|, so count_i is a few times s on typical dO, but can reach N (a column whose
+//   only nonzero entry is in row i); the row's sampling cost grows with count_i. The
+//   draw-index limits are the CPU's, checked on the host.
 // Exactness of the samples: the scores (an explicit fma chain), the max, the running
 // sums, the targets and the lazy Gumbel walk are the CPU's operations in the CPU's
 // order. Natively the fp64 exp and log are CUDA's (within an ulp or two of glibc's), so
 // a pick can differ only when a target lies within an ulp or so of a cumulative sum, or
 // two Gumbel-perturbed scores nearly tie; under the emulator every pick is the CPU's.
+// The walk starts use only additions, a product and comparisons, so they are the CPU's
+// natively too.
 //
-// Not supported yet (a one-line error and exit(1); the trainer refuses it before a run
-// starts): signed-start dV (`--attn-grad-dv signed`). No exceeder/fallback statistics
-// (the CPU twin's GumbelStats) are collected.
+// Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
+// (for signed-start dV: max(s, T s) <= 2^27, HS T s <= 2^27, and for LazyGumbel
+// 2 max(s, T s) <= lazy_gumbel_sample_capacity(T), as the CPU twin requires), head size
+// past kSampledGradMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
+// statistics (the CPU twin's GumbelStats) are collected.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -79,6 +111,31 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 constexpr int kSampledGradMaxHeadSize = 256;
 constexpr int kSampledGradSlots = kSampledGradMaxHeadSize / 32;  // channels per lane
 constexpr int kSampledGradMaxSamples = 1 << 27;                  // the CPU's draw-index capacity
+constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;        // first walk-start draw index, as on the CPU
+
+// The signed-start dV's scratch: the running sums cdf (B, NH, HS, T) in fp64, the walk
+// weights (B, NH, HS) in fp64 and the walk counts (B, NH, T, HS), in one buffer grown
+// when a larger batch comes and never freed (as attention_delta_scratch). Work on the
+// one stream is ordered, so reusing it across calls is safe.
+struct SampledGradWalkScratch {
+    double* cdf;
+    double* walk_weight;
+    int* walk_counts;
+};
+inline SampledGradWalkScratch sampled_grad_walk_scratch(size_t columns, int T) {
+    static char* buffer = nullptr;
+    static size_t capacity = 0;
+    const size_t cdf_bytes = columns * T * sizeof(double);
+    const size_t weight_bytes = columns * sizeof(double);
+    const size_t bytes = cdf_bytes + weight_bytes + columns * T * sizeof(int);
+    if (bytes > capacity) {
+        CUDA_CHECK(cudaFree(buffer));
+        CUDA_CHECK(cudaMalloc(&buffer, bytes));
+        capacity = bytes;
+    }
+    return SampledGradWalkScratch{reinterpret_cast<double*>(buffer), reinterpret_cast<double*>(buffer + cdf_bytes),
+                                  reinterpret_cast<int*>(buffer + cdf_bytes + weight_bytes)};
+}
 
 // ---- device helpers -----------------------------------------------------------
 
@@ -93,11 +150,74 @@ __device__ __forceinline__ double sampled_grad_weight(const float* q, const floa
     return exp((double)sampled_grad_score(q, k, HS, tau) - row_max);
 }
 
-// ---- CUDA kernel --------------------------------------------------------------
+// The largest value over the 32 lanes of a full warp, every lane gets it.
+__device__ __forceinline__ int sampled_grad_warp_max(int value) {
+    for (int offset = 16; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+    return value;
+}
 
+// ---- CUDA kernels -------------------------------------------------------------
+
+// One warp per column (b, h, c) of dO (x_i = dO[b, i, h*HS + c]): the running sums of
+// |x_i| into cdf (the CPU's sequential fp64 sums: every lane adds a group's 32 values in
+// i order), the walk weight ||x||_1 / N, and the N = T s walk starts, each lane drawing
+// walks n = lane, lane + 32, ... and counting its start row into walk_counts (zeroed by
+// the caller). cdf: (B, NH, HS, T); walk_counts: (B, NH, T, HS) (a row's counts side by
+// side for the row kernel); walk_weight: (B, NH, HS).
+__global__ void sampled_grad_walk_start_kernel(double* cdf, int* walk_counts, double* walk_weight, const float* dout,
+                                               int B, int T, int C, int NH, int samples, uint64_t seed, uint32_t step,
+                                               int layer) {
+    const int lane_id = threadIdx.x % 32;
+    const int HS = C / NH;
+    const int column = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b * NH + h) * HS + c
+    if (column >= B * NH * HS) return;  // whole warps leave together
+    const int c = column % HS;
+    const int h = (column / HS) % NH;
+    const int b = column / (HS * NH);
+    const float* x = dout + (size_t)b * T * C + (size_t)h * HS + c;  // x_i at i * C
+    double* column_cdf = cdf + (size_t)column * T;
+    int* counts = walk_counts + ((size_t)b * NH + h) * T * HS + c;  // row i at i * HS
+
+    // cdf_i = |x_0| + ... + |x_i|, summed in i order by every lane; lane L stores row i0 + L
+    double l1 = 0.0;
+    for (int i0 = 0; i0 < T; i0 += 32) {
+        const int i = i0 + lane_id;
+        const double a = i < T ? fabs((double)x[(size_t)i * C]) : 0.0;
+        const int count = min(32, T - i0);
+        double mine = 0.0;
+        for (int t = 0; t < count; t++) {
+            l1 += __shfl_sync(0xFFFFFFFFu, a, t);
+            if (t == lane_id) mine = l1;
+        }
+        if (i < T) column_cdf[i] = mine;
+    }
+    __syncwarp();  // the column's cdf, written by all lanes, is read by all lanes below
+
+    const long long walks = (long long)T * samples;
+    if (lane_id == 0) walk_weight[column] = l1 / (double)walks;
+    if (l1 == 0.0) return;  // a column of zeros has no walks (every lane holds the same l1)
+    // walk n starts at the first row i with cdf_i > u_n l1 (T - 1 if none), as sampled_grad_pick
+    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T)};
+    for (long long n = lane_id; n < walks; n += 32) {
+        const Philox4 draw =
+            philox_draw(site, DRAW_GRADIENT_SAMPLE, kSampledGradWalkStartIndex + (uint32_t)(c * walks + n));
+        const double target = uniform_open01_f64(draw.x[0], draw.x[1]) * l1;
+        int lo = 0, hi = T;  // upper bound: the first i with cdf_i > target
+        while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (column_cdf[mid] > target) hi = mid;
+            else lo = mid + 1;
+        }
+        atomicAdd(&counts[(size_t)(lo < T ? lo : T - 1) * HS], 1);
+    }
+}
+
+// One warp per row (b, h, i). walk_counts, walk_weight: the walk-start kernel's output
+// for signed-start dV, or nullptr for row-wise dV.
 __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
                                     const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
-                                    GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer) {
+                                    GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer,
+                                    const int* walk_counts, const double* walk_weight) {
     const int lane_id = threadIdx.x % 32;
     const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (warp_index >= B * NH * T) return;  // whole warps leave together
@@ -152,8 +272,28 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     }
     delta = warp_reduce_sum(delta);
 
-    for (int m0 = 0; m0 < samples; m0 += 32) {
-        const int chunk = min(32, samples - m0);
+    // signed-start dV: the walks of each of the lane's columns that start at row i, and
+    // the signed weight each adds; the row draws count = max(s, most walks of a column)
+    const bool signed_dv = walk_counts != nullptr;
+    int walks[kSampledGradSlots];
+    float walk_add[kSampledGradSlots];
+    int count = samples;
+    for (int s = 0; s < kSampledGradSlots; s++) {
+        const int c = lane_id + 32 * s;
+        walks[s] = 0;
+        walk_add[s] = 0.0f;
+        if (signed_dv && c < HS) {
+            const size_t bh = (size_t)b * NH + h;
+            walks[s] = walk_counts[(bh * T + i) * HS + c];
+            const double weight = walk_weight[bh * HS + c];
+            walk_add[s] = (float)(dy_reg[s] > 0.0f ? weight : -weight);
+            count = max(count, walks[s]);
+        }
+    }
+    count = sampled_grad_warp_max(count);
+
+    for (int m0 = 0; m0 < count; m0 += 32) {
+        const int chunk = min(32, count - m0);
         int J = 0;  // lanes without a sample count as placed
         if (lazy) {
             // lane L draws lazy Gumbel sample number 2 (m0 + L) + 1
@@ -184,24 +324,33 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
 
         // the terms of the chunk's samples, in sample order
         for (int t = 0; t < chunk; t++) {
+            const int m = m0 + t;
             const int j = __shfl_sync(0xFFFFFFFFu, J, t);
-            const float* k_j = keys + (size_t)j * C3;
-            const float* v_j = values + (size_t)j * C3;
-            double dp = 0.0;  // dO_i . v_J
-            for (int s = 0; s < kSampledGradSlots; s++) {
-                const int c = lane_id + 32 * s;
-                if (c < HS) dp += (double)dy_reg[s] * v_j[c];
-            }
-            dp = warp_reduce_sum(dp);
-            const double coef = (double)tau * (dp - delta) / samples;
-            float* dk_j = dqkv + head + (size_t)j * C3 + C;
             float* dv_j = dqkv + head + (size_t)j * C3 + 2 * C;
-            for (int s = 0; s < kSampledGradSlots; s++) {
-                const int c = lane_id + 32 * s;
-                if (c < HS) {
-                    dq[s] += coef * k_j[c];
-                    atomicAdd(&dk_j[c], (float)(coef * q_reg[s]));
-                    atomicAdd(&dv_j[c], dv_add[s]);
+            if (m < samples) {  // dQ, dK (and row-wise dV) from the first s samples
+                const float* k_j = keys + (size_t)j * C3;
+                const float* v_j = values + (size_t)j * C3;
+                double dp = 0.0;  // dO_i . v_J
+                for (int s = 0; s < kSampledGradSlots; s++) {
+                    const int c = lane_id + 32 * s;
+                    if (c < HS) dp += (double)dy_reg[s] * v_j[c];
+                }
+                dp = warp_reduce_sum(dp);
+                const double coef = (double)tau * (dp - delta) / samples;
+                float* dk_j = dqkv + head + (size_t)j * C3 + C;
+                for (int s = 0; s < kSampledGradSlots; s++) {
+                    const int c = lane_id + 32 * s;
+                    if (c < HS) {
+                        dq[s] += coef * k_j[c];
+                        atomicAdd(&dk_j[c], (float)(coef * q_reg[s]));
+                        if (!signed_dv) atomicAdd(&dv_j[c], dv_add[s]);
+                    }
+                }
+            }
+            if (signed_dv) {  // walk m of column c, if row i starts that many, lands on J_m
+                for (int s = 0; s < kSampledGradSlots; s++) {
+                    const int c = lane_id + 32 * s;
+                    if (c < HS && m < walks[s]) atomicAdd(&dv_j[c], walk_add[s]);
                 }
             }
         }
@@ -220,11 +369,6 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
                                        GradSampleSource source, bool signed_start_dv, uint64_t seed, uint32_t step,
                                        int layer) {
-    if (signed_start_dv) {
-        std::fprintf(stderr, "sampled_attention_backward: signed-start dV is not implemented in the CUDA build "
-                             "(use --attn-grad-dv rowwise)\n");
-        std::exit(1);
-    }
     if (samples < 1 || samples > kSampledGradMaxSamples) {
         std::fprintf(stderr, "sampled_attention_backward: need 1 <= samples <= %d (the draw-index capacity), got %d\n",
                      kSampledGradMaxSamples, samples);
@@ -248,12 +392,38 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
             std::exit(1);
         }
     }
+    const int HS = C / NH;
+    if (signed_start_dv) {
+        // a row may need all N = T s walks of one column as samples, and the walk starts
+        // take draw indices 2^27 + c N + n: the CPU twin's limits
+        const long long walks = (long long)T * samples;
+        const long long row_samples_max = std::max<long long>(samples, walks);
+        const bool exact_fits = row_samples_max <= (long long)kSampledGradWalkStartIndex &&
+                                (long long)HS * walks <= (long long)kSampledGradWalkStartIndex;
+        const bool lazy_fits = 2ull * (uint64_t)row_samples_max <= lazy_gumbel_sample_capacity(T);
+        if (!exact_fits || (source == GradSampleSource::LazyGumbel && !lazy_fits)) {
+            std::fprintf(stderr, "sampled_attention_backward: signed-start dV with samples = %d at T = %d overflows "
+                                 "the 28-bit draw index, expected fewer\n", samples, T);
+            std::exit(1);
+        }
+    }
     const int rows = B * NH * T;
     if (rows == 0) return;
-    const float tau = 1.0f / std::sqrt((float)(C / NH));  // as the CPU twin computes it
-    const int rows_per_block = kSampledGradThreads / 32;
-    launch(sampled_grad_kernel, ceil_div(rows, rows_per_block), kSampledGradThreads, 0, nullptr, dqkv, dout, qkv,
-           out, topk_idx, k, B, T, C, NH, samples, source, tau, seed, step, layer);
+    const float tau = 1.0f / std::sqrt((float)HS);  // as the CPU twin computes it
+    const int warps_per_block = kSampledGradThreads / 32;
+    const int* walk_counts = nullptr;
+    const double* walk_weight = nullptr;
+    if (signed_start_dv) {
+        const int columns = B * NH * HS;
+        const SampledGradWalkScratch scratch = sampled_grad_walk_scratch((size_t)columns, T);
+        CUDA_CHECK(cudaMemset(scratch.walk_counts, 0, (size_t)columns * T * sizeof(int)));
+        launch(sampled_grad_walk_start_kernel, ceil_div(columns, warps_per_block), kSampledGradThreads, 0, nullptr,
+               scratch.cdf, scratch.walk_counts, scratch.walk_weight, dout, B, T, C, NH, samples, seed, step, layer);
+        walk_counts = scratch.walk_counts;
+        walk_weight = scratch.walk_weight;
+    }
+    launch(sampled_grad_kernel, ceil_div(rows, warps_per_block), kSampledGradThreads, 0, nullptr, dqkv, dout, qkv,
+           out, topk_idx, k, B, T, C, NH, samples, source, tau, seed, step, layer, walk_counts, walk_weight);
 }
 
 }  // namespace knngpt::cuda
