@@ -98,6 +98,15 @@ struct DeviceArray {
     }
 };
 
+// The shape of an attention test: qkv (B, T, 3C), out (B, T, C), rows (B, NH, T).
+struct AttentionShape {
+    int B, T, C, NH;
+    int HS() const { return C / NH; }
+    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
+    size_t out_size() const { return (size_t)B * T * C; }
+    size_t rows() const { return (size_t)B * NH * T; }
+};
+
 inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> value(lo, hi);

@@ -50,12 +50,7 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-struct Shape {
-    int B, T, C, NH;
-    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
-    size_t out_size() const { return (size_t)B * T * C; }
-    size_t rows() const { return (size_t)B * NH * T; }
-};
+using Shape = knngpt_test::AttentionShape;
 
 // qkv (B, T, 3C) uniform in [-2, 2]
 vector<float> random_qkv(const Shape& s, unsigned seed) {

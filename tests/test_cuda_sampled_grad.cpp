@@ -57,11 +57,7 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 
-struct Shape {
-    int B, T, C, NH;
-    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
-    size_t out_size() const { return (size_t)B * T * C; }
-};
+using Shape = knngpt_test::AttentionShape;
 
 // One backward problem: qkv uniform in [-2, 2] (rows far from uniform), dout, the exact
 // out of qkv, and a nonzero starting dqkv.
