@@ -50,6 +50,7 @@ help:
 	@echo "  make test           build and run every test (GoogleTest); CUDA kernels under the emulator,"
 	@echo "                      and natively too where a GPU and nvcc exist"
 	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
+	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"

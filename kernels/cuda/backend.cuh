@@ -11,9 +11,9 @@
 // every build, as are all our own kernels. The matmuls (kernels/cuda/matmul.cuh)
 // run bf16 operands with fp32 accumulation by default, the weights read from a
 // bf16 copy of the parameters that AdamW keeps (register_parameters,
-// bf16_parameters.cuh); a build with
-// -DKNNGPT_FP32 keeps them fp32 too, so its steps equal train_gpt_cpu's up to
-// summation order (which test_cuda_trainer checks to 1e-5).
+// bf16_parameters.cuh); a build with -DKNNGPT_FP32 keeps them fp32 too, so its
+// steps equal train_gpt_cpu's up to summation order (which test_cuda_trainer
+// checks to 1e-5).
 //
 // Attention coverage: exact attention (tiled, flash style), the key-list modes
 // knn and knn-tail with the brute top-k index and exact gradients, gumbel (the
