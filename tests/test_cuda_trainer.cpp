@@ -121,6 +121,9 @@ TEST_F(CudaTrainer, ExactAttentionMatchesCpuTrainer) { expect_same_run(""); }
 
 TEST_F(CudaTrainer, KnnAttentionMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-seed 3"); }
 
+// --attn-index block: the CPU's pruned exact index against the CUDA brute force, same lists.
+TEST_F(CudaTrainer, KnnBlockIndexMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-index block"); }
+
 TEST_F(CudaTrainer, KnnTailAttentionMatchesCpuTrainer) {
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5");
 }
@@ -158,8 +161,7 @@ TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
     const std::pair<std::string, std::string> cases[] = {
         {" --attn kmv --attn-tail 4", "not available in the CUDA build"},
         {" --attn knn --attn-index lsh", "not available in the CUDA build"},
-        {" --attn knn --attn-index block", "not available in the CUDA build"},
-        {" --attn-grad sampled --attn-grad-source lazy-gumbel --attn-index block", "not available in the CUDA build"},
+        {" --attn knn-tail --attn-k 4 --attn-tail 2 --attn-index lsh", "not available in the CUDA build"},
         {" --attn gumbel --attn-grad sampled --attn-gumbel-groups 17", "--attn-gumbel-groups 17"}};
     for (const auto& [extra, message] : cases) {
         RunResult r = run(cuda_trainer() + flags(tmp.file("refused")) + extra, tmp);

@@ -16,10 +16,11 @@
 // checks to 1e-5).
 //
 // Attention coverage: exact attention (tiled, flash style), the key-list modes
-// knn and knn-tail with the brute top-k index and exact gradients, gumbel (the
+// knn and knn-tail with the brute top-k index (which also serves --attn-index
+// block: an exact index, same lists) and exact gradients, gumbel (the
 // lazy Gumbel median of means), and the sampled backward with samples from the
 // exact row or from lazy Gumbel on the top-k lists (row-wise or signed-start dV)
-// have CUDA kernels. The block and lsh indices and kmv exist on the CPU only;
+// have CUDA kernels. The lsh index and kmv exist on the CPU only;
 // attention_unsupported() names what is missing, so a run asking for them stops
 // at start-up with one line.
 #pragma once
@@ -130,8 +131,8 @@ inline double device_peak_flops() {
 inline std::string attention_unsupported(const AttnRequest& r) {
     const std::string build = " is not available in the CUDA build yet (train_gpt_cpu has it)";
     if (r.mode == AttnMode::Kmv) return "--attn kmv" + build;
-    if ((r.mode != AttnMode::Exact || r.lazy_gumbel_grad) && r.index != TopkIndex::Brute)
-        return std::string("--attn-index ") + (r.index == TopkIndex::Block ? "block" : "lsh") + build;
+    if ((r.mode != AttnMode::Exact || r.lazy_gumbel_grad) && r.index == TopkIndex::Lsh)
+        return "--attn-index lsh" + build;
     if (r.mode == AttnMode::Gumbel && r.gumbel_groups > kGumbelMaxGroups)
         return "--attn-gumbel-groups " + std::to_string(r.gumbel_groups) + ": the CUDA build takes at most " +
                std::to_string(kGumbelMaxGroups);
@@ -140,9 +141,11 @@ inline std::string attention_unsupported(const AttnRequest& r) {
 
 inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
+// The block index is exact: its lists are the brute force's, bit for bit (its
+// pruning is a CPU speed-up), so here the brute-force kernel computes both.
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
-    if (index != TopkIndex::Brute) {
+    if (index == TopkIndex::Lsh) {
         AttnRequest r;
         r.mode = AttnMode::Knn;
         r.index = index;
