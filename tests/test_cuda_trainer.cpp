@@ -156,6 +156,32 @@ TEST_F(CudaTrainer, Bf16BuildStaysCloseToCpuTrainer) {
                     "cuda (bf16 matmuls", 5e-4, 5e-2);
 }
 
+// Gradient accumulation (-d: two micro-batches per step, the fused classifier
+// with dloss 1/(B T 2)) and a shuffled batch order, against the CPU trainer.
+TEST_F(CudaTrainer, GradientAccumulationMatchesCpuTrainer) { expect_same_run(" -d 144 --shuffle 1"); }
+
+// Resume in the CUDA build (bf16, so the bf16 parameter copy must be rebuilt
+// from the loaded weights): 4 steps with a checkpoint at 2, then steps 3..4
+// again from it, print the same losses and end in the same model file.
+TEST_F(CudaTrainer, Bf16ResumeEqualsUninterruptedRun) {
+    const std::string dir = tmp.file("resume");
+    const std::string cmd = cuda_trainer_bf16() + flags(dir) + " -x 4 -n 2 --shuffle 1";
+    RunResult full = run(cmd, tmp);
+    ASSERT_EQ(full.exit_code, 0) << full.err;
+    const std::string final_model = dir + "/model_00000004.bin", final_state = dir + "/state_00000004.bin";
+    const std::string uninterrupted = knngpt_test::slurp(final_model);
+    ASSERT_FALSE(uninterrupted.empty());
+    std::remove(final_model.c_str());
+    std::remove(final_state.c_str());
+    RunResult resumed = run(cmd + " -y 1", tmp);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    auto a = step_losses(full.out), b = step_losses(resumed.out);
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 2u) << resumed.out;
+    for (int i = 0; i < 2; i++) EXPECT_EQ(b[i], a[2 + i]) << "step " << 3 + i;
+    EXPECT_TRUE(knngpt_test::slurp(final_model) == uninterrupted) << "resumed run ended in a different model";
+}
+
 // What the CUDA build has no kernel for stops at start-up with one line.
 TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
     const std::pair<std::string, std::string> cases[] = {
