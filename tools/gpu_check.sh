@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The one script to run on a machine with an NVIDIA GPU. It finishes in under
-# 8 minutes: every stage has a time limit (build 180 s, tests 100 s, training
-# 100 s, benchmark 90 s; an H100-class machine should need far less):
+# 8 minutes: every stage has a time limit (build 150 s, tests 80 s, training
+# 90 s + 2 x 40 s, benchmark 70 s; an H100-class machine should need far less):
 #   1. builds train_gpt, the native CUDA tests and the attention benchmark (nvcc);
 #   2. runs the CUDA kernel tests natively, and 3 steps of train_gpt against
 #      train_gpt_cpu (needs g++, GoogleTest and OpenBLAS; skipped, saying so,
 #      where they are missing);
 #   3. trains GPT-2 124M shapes (random init, B 16, T 1024) for 20 steps and
-#      prints tok/s and MFU;
+#      prints tok/s and MFU; then 3 steps each with knn attention and with
+#      sampled gradients, for their tok/s;
 #   4. runs the attention kernel benchmark (exact attention forward/backward
 #      TFLOP/s, T = 1K..16K, head size 64 and 128);
 # and ends with a short summary. Exit status 0 only if every stage that ran passed.
@@ -57,7 +58,7 @@ fi
 targets="train_gpt build/bench_attention_cuda"
 [ $have_host_deps = 1 ] && targets="$targets native-test-bins train_gpt_cpu prepare_data build/tests/test_cuda_trainer"
 t0=$(date +%s)
-if timeout 180 make -j"$jobs" CUDA_ARCHS="$archs" $targets > "$out/build.log" 2>&1; then
+if timeout 150 make -j"$jobs" CUDA_ARCHS="$archs" $targets > "$out/build.log" 2>&1; then
   note "build: ok in $(( $(date +%s) - t0 )) s"
 else
   tail -30 "$out/build.log"
@@ -68,7 +69,7 @@ fi
 
 if [ $have_host_deps = 1 ]; then
   stage "native CUDA tests"
-  if timeout 100 make --no-print-directory CUDA_ARCHS="$archs" test-native > "$out/tests.log" 2>&1; then
+  if timeout 80 make --no-print-directory CUDA_ARCHS="$archs" test-native > "$out/tests.log" 2>&1; then
     note "native tests: $(grep -E '^[0-9]+ passed' "$out/tests.log" | tr '\n' ';' | sed 's/;$//')"
   else
     fail "native tests (see $out/tests.log)"
@@ -90,23 +91,35 @@ if [ ! -x ./prepare_data ]; then
   g++ -O2 -std=c++17 -I. -o prepare_data data/prepare_data.cpp >> "$out/build.log" 2>&1
 fi
 ./prepare_data --input "$text" --out-dir "$out" --name text > /dev/null
-if timeout 100 ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
-     --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --vocab 50257 \
-     -b 16 -t 1024 -x 20 -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 > "$out/train.log" 2>&1; then
-  grep -E '^\| (backend|parameters)|^step|^done' "$out/train.log"
-  # median over steps 2..20 of the ms field, and the tok/s and mfu of that step time
-  med=$(grep -oE '\| [0-9.]+ ms \|' "$out/train.log" | awk 'NR > 1 { print $2 }' | sort -g |
-        awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
-  mfu=$(grep '^done' "$out/train.log" | grep -oE 'mfu [0-9.]+%' || true)
-  toks=$(awk -v ms="$med" 'BEGIN { if (ms > 0) printf "%.0f", 16 * 1024 / (ms / 1000) }')
-  note "gpt2-124M B16 T1024: median ${med} ms/step, ${toks} tok/s${mfu:+, mean $mfu of the fp32 peak} (target 475K tok/s on H100-class)"
-else
-  tail -20 "$out/train.log"
-  fail "training run (see $out/train.log)"
-fi
+# train_run NAME LIMIT_S STEPS FLAGS...: GPT-2 124M shapes for STEPS steps; notes
+# the median step time (steps 2..) with its tok/s and the run's mean MFU
+train_run() {
+  local name=$1 limit=$2 steps=$3; shift 3
+  local log="$out/train_$name.log"
+  if timeout "$limit" ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
+       --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --vocab 50257 \
+       -b 16 -t 1024 -x "$steps" -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 "$@" > "$log" 2>&1; then
+    grep -E '^\| (backend|parameters|attention)|^step|^done' "$log"
+    local med toks mfu
+    med=$(grep -oE '\| [0-9.]+ ms \|' "$log" | awk 'NR > 1 { print $2 }' | sort -g |
+          awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
+    mfu=$(grep '^done' "$log" | grep -oE 'mfu [0-9.]+%' || true)
+    toks=$(awk -v ms="$med" 'BEGIN { if (ms > 0) printf "%.0f", 16 * 1024 / (ms / 1000) }')
+    note "gpt2-124M B16 T1024 $name: median ${med} ms/step, ${toks} tok/s${mfu:+, mean $mfu of the peak}"
+  else
+    tail -20 "$log"
+    fail "training run $name (see $log)"
+  fi
+}
+train_run exact 90 20
+note "  (target for later work: 475K tok/s on one H100-class GPU)"
+
+stage "GPT-2 124M shapes, 3 steps each: knn k 16 (brute top-k) and exact attention with sampled gradients"
+train_run "knn-k16" 40 3 --attn knn --attn-k 16
+train_run "sampled-s16" 40 3 --attn-grad sampled --attn-grad-samples 16
 
 stage "attention benchmark"
-if timeout 90 build/bench_attention_cuda > "$out/bench.log" 2>&1; then
+if timeout 70 build/bench_attention_cuda > "$out/bench.log" 2>&1; then
   cat "$out/bench.log"
   grep -q 'skipped' "$out/bench.log" && fail "attention benchmark: $(grep skipped "$out/bench.log")"
   while read -r line; do note "$line"; done < <(grep -E '^attention ' "$out/bench.log" |
