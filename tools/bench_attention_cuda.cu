@@ -1,6 +1,8 @@
 // tools/bench_attention_cuda.cu — GPU timing of the exact causal attention of
 // kernels/cuda/attention.cuh: the tiled forward and backward, and the reference
-// forward for comparison. Built with nvcc only and run on a GPU:
+// forward for comparison; and the tensor-core (bf16 operands, fp32
+// accumulation) forward and backward of kernels/cuda/attention_bf16.cuh.
+// Built with nvcc only (make build/bench_attention_cuda) and run on a GPU:
 //   nvcc -std=c++17 -O3 -arch=sm_80 -I. tools/bench_attention_cuda.cu -o build/bench_attention_cuda
 //   build/bench_attention_cuda [--quick]
 //
@@ -10,13 +12,14 @@
 // launch at every T. Inputs are uniform in [-1, 1).
 //
 // Timing: cudaEvent around each call, 2 warm-up calls, then the median of 5.
-// The backward time includes its Delta kernel and the cudaMalloc / cudaFree of
-// its (B, NH, T) Delta scratch. FLOPs are the causal counts FlashAttention
+// The backward time includes its Delta kernel (its scratch is allocated once,
+// in the warm-up). FLOPs are the causal counts FlashAttention
 // reports: forward 4 B NH T^2 HS / 2 (two T x T x HS products, half masked),
 // backward 2.5 times the forward.
 //
 // Output, one line per configuration, then the reference forward's time as a ratio:
 //   attention T=1024 HS=64 B=16 NH=16 fwd_ms=... fwd_TFLOPs=... bwd_ms=... bwd_TFLOPs=...
+//     bf16_fwd_ms=... bf16_fwd_TFLOPs=... bf16_bwd_ms=... bf16_bwd_TFLOPs=...   (same line)
 //   ratio tiled/reference fwd=... (reference fwd_ms=...)
 // Without a CUDA device it prints "no CUDA device: attention benchmark skipped"
 // and exits 0.
@@ -28,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_bf16.cuh"
 
 namespace {
 
@@ -94,11 +98,18 @@ void bench_config(int T, int HS) {
         time_ms([&] { knngpt::cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); });
     // the reference writes out and lse too; nothing reads them afterwards
     const float ref_ms = time_ms([&] { knngpt::cuda::attention_forward_reference(out, lse, qkv, B, T, C, NH); });
+    // the bf16 forward last, so its backward reads its own out and lse
+    const float bf16_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_bf16(out, lse, qkv, B, T, C, NH); });
+    const float bf16_bwd_ms =
+        time_ms([&] { knngpt::cuda::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH); });
 
     const double fwd_flops = 4.0 * B * NH * (double)T * T * HS / 2.0;
     const double bwd_flops = 2.5 * fwd_flops;
-    std::printf("attention T=%d HS=%d B=%d NH=%d fwd_ms=%.3f fwd_TFLOPs=%.2f bwd_ms=%.3f bwd_TFLOPs=%.2f\n", T, HS, B,
-                NH, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12);
+    const auto tflops = [](double flops, float ms) { return flops / (ms * 1e-3) / 1e12; };
+    std::printf("attention T=%d HS=%d B=%d NH=%d fwd_ms=%.3f fwd_TFLOPs=%.2f bwd_ms=%.3f bwd_TFLOPs=%.2f "
+                "bf16_fwd_ms=%.3f bf16_fwd_TFLOPs=%.2f bf16_bwd_ms=%.3f bf16_bwd_TFLOPs=%.2f\n",
+                T, HS, B, NH, fwd_ms, tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms), bf16_fwd_ms,
+                tflops(fwd_flops, bf16_fwd_ms), bf16_bwd_ms, tflops(bwd_flops, bf16_bwd_ms));
     std::printf("ratio tiled/reference fwd=%.3f (reference fwd_ms=%.3f)\n", fwd_ms / ref_ms, ref_ms);
     std::fflush(stdout);
 

@@ -99,6 +99,6 @@ __host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {
 #define KNNGPT_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::knngpt::emu::dynamic_shared_memory())
 #else
 #define KNNGPT_DYNAMIC_SHARED(type, name)                                          \
-    extern __shared__ __align__(16) unsigned char knngpt_dynamic_shared_bytes[]; \
+    extern __shared__ __align__(128) unsigned char knngpt_dynamic_shared_bytes[]; \
     type* name = reinterpret_cast<type*>(knngpt_dynamic_shared_bytes)
 #endif

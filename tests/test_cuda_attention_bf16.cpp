@@ -1,0 +1,176 @@
+// tests/test_cuda_attention_bf16.cpp — the tensor-core attention of
+// kernels/cuda/attention_bf16.cuh (bf16 operands, fp32 accumulation) under the
+// emulator, forward and backward (twice, to check +=):
+//   - against the fp32 CPU twin kernels/cpu/attention.h, with the bf16
+//     tolerance kTolerance (relative to the largest entry) of the header's
+//     error model;
+//   - sharply, against the fp32 CPU twin run on bf16-rounded inputs: the lse
+//     depends on q, k only through S, which the kernel forms exactly from the
+//     bf16 q, k with fp32 sums, so it matches to 1e-5; the output's only other
+//     rounding is that of P >= 0 in P V, a relative error <= u = 2^-9 in each
+//     term of a convex combination of the v_j, so it is within u max|v| (plus
+//     fp32 slack) of the CPU output on bf16 q, k, v; likewise dV is within
+//     u max|dO| max_j sum_i P_ij of the CPU dV on bf16 q, k, v, dO (same lse);
+//   - that the error against fp32 is not tiny, i.e. bf16 is really used.
+// Shapes: T not a multiple of 16 or 64 (one or two 64-row tiles), HS in
+// {16, 32, 64, 128}. Emulated wmma is slow, so the shapes are small.
+#ifndef KNNGPT_CUDA_NATIVE  // nvcc builds this file for the GPU with -DKNNGPT_CUDA_NATIVE
+#define KNNGPT_CUDA_EMU
+#endif
+
+#include "kernels/cuda/common.cuh"
+#include "tests/cuda_test_util.h"
+
+#include "kernels/cuda/attention_bf16.cuh"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "tests/test_util.h"
+
+using knngpt_test::DeviceArray;
+using knngpt_test::max_rel_error;
+using knngpt_test::uniform;
+
+namespace {
+
+// Against fp32, relative to the largest entry: the header's error model gives
+// a few u = 2^-9 (u ~ 2e-3) for O(1) inputs and scores of a few units; seen
+// are 2.5e-3 .. 4.5e-3 on these shapes, so 1e-2 leaves a margin of two.
+constexpr double kTolerance = 1e-2;
+constexpr double kSharpTolerance = 1e-5;  // fp32 summation order and expf
+constexpr double kUnitRoundoff = 1.0 / 512.0;  // 2^-9, bf16 round to nearest
+constexpr double kNotTiny = 1e-4;  // an fp32 kernel is at ~1e-6
+
+float to_bf16(float x) { return (float)__float2bfloat16(x); }
+
+// A copy of qkv with the channels [first, last) of every row rounded to bf16.
+std::vector<float> round_channels(const std::vector<float>& qkv, int C, int first, int last) {
+    std::vector<float> r = qkv;
+    for (size_t row = 0; row < qkv.size() / (3 * (size_t)C); row++)
+        for (int c = first; c < last; c++) r[row * 3 * C + c] = to_bf16(r[row * 3 * C + c]);
+    return r;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0.0;
+    for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs((double)a[i] - (double)b[i]));
+    return d;
+}
+
+void check_bf16_attention(int B, int T, int C, int NH, unsigned seed) {
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    std::vector<float> qkv = uniform(n_qkv, seed);
+    for (float& x : qkv) x *= 2.0f;
+    const std::vector<float> dout = uniform(n_out, seed + 1);
+
+    // fp32 CPU twin
+    std::vector<float> out(n_out), lse(n_lse), dqkv(n_qkv, 0.0f);
+    knngpt::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+
+    DeviceArray<float> d_qkv(qkv), d_out(std::vector<float>(n_out, 0.0f)), d_lse(std::vector<float>(n_lse, 0.0f));
+    knngpt::cuda::attention_forward_bf16(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH);
+    const std::vector<float> g_out = d_out.to_host(), g_lse = d_lse.to_host();
+    const double out_err = max_rel_error(g_out.data(), out.data(), n_out);
+    const double lse_err = max_rel_error(g_lse.data(), lse.data(), n_lse);
+    EXPECT_LT(out_err, kTolerance) << "out vs fp32 cpu";
+    EXPECT_LT(lse_err, kTolerance) << "lse vs fp32 cpu";
+    EXPECT_GT(out_err, kNotTiny) << "out is as exact as fp32: is bf16 used?";
+
+    // sharp: the lse of bf16 q, k; the output of bf16 q, k, v within u max|v|
+    {
+        const std::vector<float> qk16 = round_channels(qkv, C, 0, 2 * C);
+        const std::vector<float> qkv16 = round_channels(qkv, C, 0, 3 * C);
+        std::vector<float> out16(n_out), lse16(n_lse), lse_qk16(n_lse);
+        knngpt::cpu::attention_forward(out16.data(), lse_qk16.data(), qk16.data(), B, T, C, NH);
+        knngpt::cpu::attention_forward(out16.data(), lse16.data(), qkv16.data(), B, T, C, NH);
+        EXPECT_LT(max_rel_error(g_lse.data(), lse_qk16.data(), n_lse), kSharpTolerance) << "lse vs cpu on bf16 q, k";
+        double v_max = 0.0;
+        for (size_t row = 0; row < n_qkv / (3 * (size_t)C); row++)
+            for (int c = 2 * C; c < 3 * C; c++) v_max = std::max(v_max, (double)std::fabs(qkv16[row * 3 * C + c]));
+        const double out_diff = max_abs_diff(g_out, out16);
+        EXPECT_LE(out_diff, (kUnitRoundoff + kSharpTolerance) * v_max) << "out vs cpu on bf16 q, k, v";
+        std::printf("  (B,T,C,NH)=(%d,%d,%d,%d) fwd vs fp32: out %.2e lse %.2e; vs bf16 inputs: out %.2e of max|v| "
+                    "(bound %.2e), lse %.2e\n",
+                    B, T, C, NH, out_err, lse_err, out_diff / v_max, kUnitRoundoff,
+                    max_rel_error(g_lse.data(), lse_qk16.data(), n_lse));
+    }
+
+    // sharp, dV: with P from bf16 q, k and the kernel's lse (the kernel's P to
+    // fp32 rounding) and bf16 dO, the only other rounding in dV_j = sum_i P_ij dO_i
+    // is that of P_ij >= 0, so |dV - dV'| <= u max|dO| max_j sum_i P_ij
+    {
+        const std::vector<float> qkv16 = round_channels(qkv, C, 0, 3 * C);
+        std::vector<float> dout16 = dout;
+        for (float& x : dout16) x = to_bf16(x);
+        std::vector<float> dqkv16(n_qkv, 0.0f);
+        knngpt::cpu::attention_backward(dqkv16.data(), dout16.data(), qkv16.data(), g_out.data(), g_lse.data(), B, T,
+                                        C, NH);
+        DeviceArray<float> d_dqkv1(std::vector<float>(n_qkv, 0.0f)), d_dout(dout);
+        knngpt::cuda::attention_backward_bf16(d_dqkv1.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
+        const std::vector<float> g = d_dqkv1.to_host();
+        const int HS = C / NH;
+        const double tau = 1.0 / std::sqrt((double)HS);
+        double col_max = 0.0, dout_max = 0.0, dv_max = 0.0, dv_diff = 0.0;
+        for (float x : dout16) dout_max = std::max(dout_max, (double)std::fabs(x));
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int j = 0; j < T; j++) {
+                    const float* kj = &qkv16[((size_t)b * T + j) * 3 * C + C + h * HS];
+                    double col = 0.0;
+                    for (int i = j; i < T; i++) {
+                        const float* qi = &qkv16[((size_t)b * T + i) * 3 * C + h * HS];
+                        double dot = 0.0;
+                        for (int c = 0; c < HS; c++) dot += (double)qi[c] * kj[c];
+                        col += std::exp(tau * dot - g_lse[((size_t)b * NH + h) * T + i]);
+                    }
+                    col_max = std::max(col_max, col);
+                    for (int c = 0; c < HS; c++) {
+                        const size_t at = ((size_t)b * T + j) * 3 * C + 2 * C + h * HS + c;
+                        dv_max = std::max(dv_max, (double)std::fabs(dqkv16[at]));
+                        dv_diff = std::max(dv_diff, std::fabs((double)g[at] - dqkv16[at]));
+                    }
+                }
+        const double bound = kUnitRoundoff * (1.0 + 1e-3) * dout_max * col_max + kSharpTolerance * dv_max;
+        EXPECT_LE(dv_diff, bound) << "dv vs cpu on bf16 q, k, v, dO";
+        std::printf("  bwd vs bf16 inputs: dv diff %.2e (bound %.2e)\n", dv_diff, bound);
+    }
+
+    // backward, from the kernel's own out and lse, twice (+=)
+    DeviceArray<float> d_dout(dout), d_dqkv(dqkv);
+    for (int pass = 1; pass <= 2; pass++) {
+        knngpt::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+        knngpt::cuda::attention_backward_bf16(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
+        const std::vector<float> g = d_dqkv.to_host();
+        const double err = max_rel_error(g.data(), dqkv.data(), n_qkv);
+        EXPECT_LT(err, kTolerance) << "dqkv vs fp32 cpu, pass " << pass;
+        EXPECT_GT(err, kNotTiny) << "dqkv is as exact as fp32: is bf16 used?";
+        // per part: dq, dk, dv
+        for (int part = 0; part < 3; part++) {
+            std::vector<float> a, b;
+            for (size_t row = 0; row < n_qkv / (3 * (size_t)C); row++)
+                for (int c = part * C; c < (part + 1) * C; c++) {
+                    a.push_back(g[row * 3 * C + c]);
+                    b.push_back(dqkv[row * 3 * C + c]);
+                }
+            const double part_err = max_rel_error(a.data(), b.data(), a.size());
+            EXPECT_LT(part_err, kTolerance) << "d" << "qkv"[part] << " pass " << pass;
+            if (pass == 2) std::printf("  bwd vs fp32: d%c %.2e\n", "qkv"[part], part_err);
+        }
+    }
+}
+
+TEST(CudaAttentionBf16, HeadSize16) { check_bf16_attention(2, 37, 32, 2, 1); }
+
+TEST(CudaAttentionBf16, HeadSize32) { check_bf16_attention(1, 70, 64, 2, 10); }
+
+// T = 70: two 64-row tiles on each side
+TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention(1, 70, 128, 2, 20); }
+
+TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention(1, 45, 256, 2, 30); }
+
+}  // namespace
