@@ -35,7 +35,8 @@ TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 # the kernel tests of kernels/cuda, built again with nvcc to run on a GPU
 NATIVE_TEST_SRCS := $(filter-out tests/test_cuda_trainer.cpp,$(wildcard tests/test_cuda_*.cpp))
 NATIVE_TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/native/%,$(NATIVE_TEST_SRCS))
-TEST_DEPS := tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h tests/trainer_test_util.h
+TEST_DEPS := tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h tests/trainer_test_util.h \
+             tests/device_array.h
 PYTHON    ?= /usr/bin/python3
 
 .PHONY: all help test test-native native-test-bins bench bench-train bench-attention clean reference

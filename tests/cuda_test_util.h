@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "tests/device_array.h"
 
 namespace knngpt_test {
 
@@ -76,27 +77,6 @@ class CudaTestEnvironment : public testing::Environment {
     }
 };
 inline testing::Environment* const cuda_test_environment = testing::AddGlobalTestEnvironment(new CudaTestEnvironment);
-
-// A cudaMalloc'd array that frees itself.
-template <typename T>
-struct DeviceArray {
-    T* ptr = nullptr;
-    size_t count = 0;
-
-    explicit DeviceArray(const std::vector<T>& host) : count(host.size()) {
-        CUDA_CHECK(cudaMalloc(&ptr, count * sizeof(T)));
-        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(ptr); }
-
-    std::vector<T> to_host() const {
-        std::vector<T> host(count);
-        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
 
 // The shape of an attention test: qkv (B, T, 3C), out (B, T, C), rows (B, NH, T).
 struct AttentionShape {

@@ -18,35 +18,16 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "tests/device_array.h"
 
 using knngpt::cuda::ceil_div;
 using knngpt::cuda::warp_reduce_max;
 using knngpt::cuda::warp_reduce_sum;
+using knngpt_test::DeviceArray;
 
 namespace {
 
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
-// A cudaMalloc'd array that frees itself.
-template <typename T>
-struct DeviceArray {
-    T* ptr = nullptr;
-    size_t count = 0;
-
-    explicit DeviceArray(size_t n) : count(n) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
-    explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-        CUDA_CHECK(cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    ~DeviceArray() { cudaFree(ptr); }
-
-    std::vector<T> to_host() const {
-        std::vector<T> host(count);
-        CUDA_CHECK(cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
 
 // Small integers stored as floats, so that every sum below is exact in fp32
 // whatever its order.
