@@ -79,6 +79,60 @@ constexpr int kAttentionThreads = 256;      // 8 warps, 8 rows per block
 constexpr int kAttentionMaxHeadSize = 256;  // HS limit: 8 register slots per lane
 constexpr int kAttentionSlots = kAttentionMaxHeadSize / 32;
 
+// ---- one warp per row: the pieces such kernels share ---------------------------
+// (this file's reference kernels and sparse_attention.cuh). Lane `lane` holds
+// channels c = lane + 32 s, s < kAttentionSlots, of a row vector in registers;
+// slots with c >= HS hold 0.
+
+__device__ __forceinline__ void warp_row_load(float (&reg)[kAttentionSlots], const float* x, int HS, int lane) {
+    for (int s = 0; s < kAttentionSlots; s++) {
+        const int c = lane + 32 * s;
+        reg[s] = c < HS ? x[c] : 0.0f;
+    }
+}
+
+// sum_c reg_c y_c over the HS channels, every lane gets it.
+__device__ __forceinline__ float warp_row_dot(const float (&reg)[kAttentionSlots], const float* y, int HS, int lane) {
+    float dot = 0.0f;
+    for (int s = 0; s < kAttentionSlots; s++) {
+        const int c = lane + 32 * s;
+        if (c < HS) dot += reg[s] * y[c];
+    }
+    return warp_reduce_sum(dot);
+}
+
+// Online softmax of one row. After scores a_1..a_n with values v_1..v_n, with
+// m the running max, l the running sum and o the running (unnormalised) output:
+//   m' = max(m, a),  l' = l exp(m - m') + exp(a - m'),  o' = o exp(m - m') + exp(a - m') v
+// and at the end out = o / l, lse = m + log l. A row that saw no score (l = 0)
+// gives out = 0 and lse = -inf.
+struct WarpRowSoftmax {
+    float m = -INFINITY, l = 0.0f;
+    float o[kAttentionSlots] = {};
+
+    __device__ __forceinline__ void add(float score, const float* v, int HS, int lane) {
+        const float m_new = fmaxf(m, score);
+        const float rescale = m == -INFINITY ? 0.0f : expf(m - m_new);
+        const float p = expf(score - m_new);
+        l = l * rescale + p;
+        for (int s = 0; s < kAttentionSlots; s++) {
+            const int c = lane + 32 * s;
+            if (c < HS) o[s] = o[s] * rescale + p * v[c];
+        }
+        m = m_new;
+    }
+
+    // out (HS channels) and, from lane 0, *lse
+    __device__ __forceinline__ void write(float* out, float* lse, int HS, int lane) const {
+        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int s = 0; s < kAttentionSlots; s++) {
+            const int c = lane + 32 * s;
+            if (c < HS) out[c] = o[s] * inv_l;
+        }
+        if (lane == 0) *lse = l > 0.0f ? m + logf(l) : -INFINITY;
+    }
+};
+
 // The backward's Delta (B, NH, T): one buffer of this file, grown when a larger
 // batch comes and never freed (like cuBLASLt's workspace). Work on the one
 // stream is ordered, so reusing it across calls is safe.
@@ -107,45 +161,16 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
     const float* base = qkv + (size_t)r.b * T * C3 + (size_t)r.h * HS;
     const float* q = base + (size_t)r.t * C3;
 
-    float q_reg[kAttentionSlots], o[kAttentionSlots];
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane_id + 32 * s;
-        q_reg[s] = c < HS ? q[c] : 0.0f;
-        o[s] = 0.0f;
-    }
-    // Online softmax. After keys 0..j, with m the running max of s_i., l the
-    // running sum and o the running (unnormalised) output:
-    //   m' = max(m, s_ij)
-    //   l' = l exp(m - m') + exp(s_ij - m')
-    //   o' = o exp(m - m') + exp(s_ij - m') v_j
-    // and at the end out_i = o / l, lse_i = m + log l.
-    float m = -INFINITY, l = 0.0f;
+    float q_reg[kAttentionSlots];
+    warp_row_load(q_reg, q, HS, lane_id);
+    WarpRowSoftmax softmax;  // over keys j <= i
     for (int j = 0; j <= r.t; j++) {
         const float* k = base + (size_t)j * C3 + C;
         const float* v = base + (size_t)j * C3 + 2 * C;
-        float dot = 0.0f;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) dot += q_reg[s] * k[c];
-        }
-        const float score = tau * warp_reduce_sum(dot);
-        const float m_new = fmaxf(m, score);
-        const float rescale = expf(m - m_new);  // exp(-inf) = 0 on the first key
-        const float p = expf(score - m_new);
-        l = l * rescale + p;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) o[s] = o[s] * rescale + p * v[c];
-        }
-        m = m_new;
+        softmax.add(tau * warp_row_dot(q_reg, k, HS, lane_id), v, HS, lane_id);
     }
-    float* y = out + ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS;
-    const float inv_l = 1.0f / l;
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane_id + 32 * s;
-        if (c < HS) y[c] = o[s] * inv_l;
-    }
-    if (lane_id == 0) lse[((size_t)r.b * NH + r.h) * T + r.t] = m + logf(l);
+    softmax.write(out + ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS, &lse[((size_t)r.b * NH + r.h) * T + r.t], HS,
+                  lane_id);
 }
 
 // delta (B, NH, T): Delta_i = dO_i . O_i, one warp per query.
@@ -179,26 +204,14 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
     const size_t stat = ((size_t)r.b * NH + r.h) * T + r.t;
     const float lse_i = lse[stat], delta_i = delta[stat];
 
-    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dq[kAttentionSlots];
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane_id + 32 * s;
-        q_reg[s] = c < HS ? q[c] : 0.0f;
-        dy_reg[s] = c < HS ? dy[c] : 0.0f;
-        dq[s] = 0.0f;
-    }
+    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dq[kAttentionSlots] = {};
+    warp_row_load(q_reg, q, HS, lane_id);
+    warp_row_load(dy_reg, dy, HS, lane_id);
     for (int j = 0; j <= r.t; j++) {
         const float* k = qkv + head + (size_t)j * C3 + C;
         const float* v = qkv + head + (size_t)j * C3 + 2 * C;
-        float qk = 0.0f, dp = 0.0f;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) {
-                qk += q_reg[s] * k[c];
-                dp += dy_reg[s] * v[c];
-            }
-        }
-        qk = warp_reduce_sum(qk);
-        dp = warp_reduce_sum(dp);
+        const float qk = warp_row_dot(q_reg, k, HS, lane_id);
+        const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
         const float p = expf(tau * qk - lse_i);  // P_ij
         const float ds = p * (dp - delta_i);     // dS_ij
         for (int s = 0; s < kAttentionSlots; s++) {
@@ -228,27 +241,14 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
     const float* v = qkv + head + (size_t)r.t * C3 + 2 * C;
     const size_t stats = ((size_t)r.b * NH + r.h) * T;
 
-    float k_reg[kAttentionSlots], v_reg[kAttentionSlots], dk[kAttentionSlots], dv[kAttentionSlots];
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane_id + 32 * s;
-        k_reg[s] = c < HS ? k[c] : 0.0f;
-        v_reg[s] = c < HS ? v[c] : 0.0f;
-        dk[s] = 0.0f;
-        dv[s] = 0.0f;
-    }
+    float k_reg[kAttentionSlots], v_reg[kAttentionSlots], dk[kAttentionSlots] = {}, dv[kAttentionSlots] = {};
+    warp_row_load(k_reg, k, HS, lane_id);
+    warp_row_load(v_reg, v, HS, lane_id);
     for (int i = r.t; i < T; i++) {
         const float* q = qkv + head + (size_t)i * C3;
         const float* dy = dout + ((size_t)r.b * T + i) * C + (size_t)r.h * HS;
-        float qk = 0.0f, dp = 0.0f;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) {
-                qk += q[c] * k_reg[s];
-                dp += dy[c] * v_reg[s];
-            }
-        }
-        qk = warp_reduce_sum(qk);
-        dp = warp_reduce_sum(dp);
+        const float qk = warp_row_dot(k_reg, q, HS, lane_id);
+        const float dp = warp_row_dot(v_reg, dy, HS, lane_id);
         const float p = expf(tau * qk - lse[stats + i]);  // P_ij
         const float ds = p * (dp - delta[stats + i]);     // dS_ij
         for (int s = 0; s < kAttentionSlots; s++) {

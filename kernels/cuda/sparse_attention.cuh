@@ -6,7 +6,7 @@
 //   a list with no valid slot gives o_i = 0, lse_i = -inf and no gradient.
 //
 // Shapes: qkv/dqkv (B, T, 3C); out/dout (B, T, C); lse (B, NH, T);
-// idx, logw (B, NH, T, K). HS = C / NH <= kSparseMaxHeadSize. Device pointers.
+// idx, logw (B, NH, T, K). HS = C / NH <= kAttentionMaxHeadSize. Device pointers.
 // Backward recomputes P_t from lse and accumulates (+=) into dqkv.
 //
 // Design: one warp per (b, h, i), lanes striding over the head's channels (as in
@@ -25,13 +25,12 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/cuda/attention.cuh"  // the one-warp-per-row pieces: warp_row_load, warp_row_dot, WarpRowSoftmax
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
 
 constexpr int kSparseThreads = 256;  // 8 warps, one query row each
-constexpr int kSparseMaxHeadSize = 256;
-constexpr int kSparseSlots = kSparseMaxHeadSize / 32;  // channels per lane
 
 // ---- CUDA kernels -------------------------------------------------------------
 
@@ -50,42 +49,18 @@ __global__ void sparse_attention_forward_kernel(float* out, float* lse, const fl
     const int* idx_row = idx + (size_t)warp_index * K;  // warp_index = (b * NH + h) * T + i
     const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
 
-    float q_reg[kSparseSlots], o[kSparseSlots];
-    for (int s = 0; s < kSparseSlots; s++) {
-        const int c = lane_id + 32 * s;
-        q_reg[s] = c < HS ? q[c] : 0.0f;
-        o[s] = 0.0f;
-    }
-    // online softmax over the valid slots (m running max, l running sum, o unnormalised)
-    float m = -INFINITY, l = 0.0f;
+    float q_reg[kAttentionSlots];
+    warp_row_load(q_reg, q, HS, lane_id);
+    WarpRowSoftmax softmax;  // over the valid slots; an empty list gives out 0, lse -inf
     for (int t = 0; t < K; t++) {
         const int j = idx_row[t];
         if (j < 0) continue;  // the same j for every lane: the warp stays together
         const float* k = head + (size_t)j * C3 + C;
         const float* v = head + (size_t)j * C3 + 2 * C;
-        float dot = 0.0f;
-        for (int s = 0; s < kSparseSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) dot += q_reg[s] * k[c];
-        }
-        const float a = tau * warp_reduce_sum(dot) + (logw_row ? logw_row[t] : 0.0f);
-        const float m_new = fmaxf(m, a);
-        const float rescale = m == -INFINITY ? 0.0f : expf(m - m_new);
-        const float p = expf(a - m_new);
-        l = l * rescale + p;
-        for (int s = 0; s < kSparseSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) o[s] = o[s] * rescale + p * v[c];
-        }
-        m = m_new;
+        const float a = tau * warp_row_dot(q_reg, k, HS, lane_id) + (logw_row ? logw_row[t] : 0.0f);
+        softmax.add(a, v, HS, lane_id);
     }
-    float* y = out + ((size_t)b * T + i) * C + (size_t)h * HS;
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // an empty list: o stays 0
-    for (int s = 0; s < kSparseSlots; s++) {
-        const int c = lane_id + 32 * s;
-        if (c < HS) y[c] = o[s] * inv_l;
-    }
-    if (lane_id == 0) lse[warp_index] = l > 0.0f ? m + logf(l) : -INFINITY;
+    softmax.write(out + ((size_t)b * T + i) * C + (size_t)h * HS, &lse[warp_index], HS, lane_id);
 }
 
 __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -107,37 +82,23 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
     const int* idx_row = idx + (size_t)warp_index * K;
     const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
 
-    float q_reg[kSparseSlots], dy_reg[kSparseSlots], dq[kSparseSlots];
-    float delta = 0.0f;  // Delta_i = dO_i . o_i
-    for (int s = 0; s < kSparseSlots; s++) {
-        const int c = lane_id + 32 * s;
-        q_reg[s] = c < HS ? q[c] : 0.0f;
-        dy_reg[s] = c < HS ? dout[row_offset + c] : 0.0f;
-        if (c < HS) delta += dy_reg[s] * out[row_offset + c];
-        dq[s] = 0.0f;
-    }
-    delta = warp_reduce_sum(delta);
+    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dq[kAttentionSlots] = {};
+    warp_row_load(q_reg, q, HS, lane_id);
+    warp_row_load(dy_reg, dout + row_offset, HS, lane_id);
+    const float delta = warp_row_dot(dy_reg, out + row_offset, HS, lane_id);  // Delta_i = dO_i . o_i
 
     for (int t = 0; t < K; t++) {
         const int j = idx_row[t];
         if (j < 0) continue;
         const float* k = qkv + head + (size_t)j * C3 + C;
         const float* v = qkv + head + (size_t)j * C3 + 2 * C;
-        float qk = 0.0f, dp = 0.0f;
-        for (int s = 0; s < kSparseSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) {
-                qk += q_reg[s] * k[c];
-                dp += dy_reg[s] * v[c];
-            }
-        }
-        qk = warp_reduce_sum(qk);
-        dp = warp_reduce_sum(dp);
+        const float qk = warp_row_dot(q_reg, k, HS, lane_id);
+        const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
         const float p = expf(tau * qk + (logw_row ? logw_row[t] : 0.0f) - lse_i);  // P_t
         const float ds_tau = tau * p * (dp - delta);                              // tau dS_t
         float* dk = dqkv + head + (size_t)j * C3 + C;
         float* dv = dqkv + head + (size_t)j * C3 + 2 * C;
-        for (int s = 0; s < kSparseSlots; s++) {
+        for (int s = 0; s < kAttentionSlots; s++) {
             const int c = lane_id + 32 * s;
             if (c < HS) {
                 dq[s] += ds_tau * k[c];
@@ -147,7 +108,7 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
         }
     }
     float* dq_out = dqkv + head + (size_t)i * C3;
-    for (int s = 0; s < kSparseSlots; s++) {
+    for (int s = 0; s < kAttentionSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += dq[s];
     }
@@ -156,10 +117,10 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
 // ---- host launchers -----------------------------------------------------------
 
 inline void sparse_attention_check_shapes(int C, int NH, int K) {
-    if (NH < 1 || C % NH != 0 || C / NH > kSparseMaxHeadSize || K < 0) {
+    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize || K < 0) {
         std::fprintf(stderr,
                      "sparse_attention: need C %% NH == 0, head size <= %d and K >= 0 (got C=%d NH=%d K=%d)\n",
-                     kSparseMaxHeadSize, C, NH, K);
+                     kAttentionMaxHeadSize, C, NH, K);
         std::exit(1);
     }
 }
