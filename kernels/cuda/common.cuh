@@ -69,6 +69,11 @@ __device__ __forceinline__ double warp_reduce_max(double value) {
     return value;
 }
 
+__device__ __forceinline__ int warp_reduce_max(int value) {
+    for (int offset = 16; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
+    return value;
+}
+
 // The attention kernels that give one warp one row of (B, NH, T): which
 // (b, h, row t) a flat warp index over B*NH*T names.
 struct AttentionRow {

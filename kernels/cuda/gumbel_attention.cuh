@@ -16,7 +16,7 @@
 //
 // Shapes: qkv (B, T, 3C) as in attention.h; topk_idx (B, NH, T, k), ascending key
 // indices per row, -1 padded (as causal_topk_brute writes them); out (B, T, C), head h
-// at channels h*HS. HS = C / NH <= kGumbelMaxHeadSize, groups <= kGumbelMaxGroups,
+// at channels h*HS. HS = C / NH <= kAttentionMaxHeadSize, groups <= kGumbelMaxGroups,
 // 2 r t <= lazy_gumbel_sample_capacity(T). Device pointers. Nothing is saved for the
 // backward (train with --attn-grad sampled).
 //
@@ -27,7 +27,7 @@
 //   means    lanes own channels c = lane + 32 s; for each sample of the chunk, in
 //            sample order, J is broadcast by __shfl_sync and every lane adds v_J[c] to
 //            its running group sum; at the end of a group the sum / t is stored as
-//            mean_g (registers and local memory: kGumbelMaxGroups x kGumbelSlots).
+//            mean_g (registers and local memory: kGumbelMaxGroups x kAttentionSlots).
 //   median   per channel, each lane sorts the r group means (insertion sort) and
 //            writes the median.
 // No exceeder / fallback statistics (the CPU twin's GumbelStats) are collected.
@@ -41,13 +41,12 @@
 
 #include "kernels/common/lazy_gumbel.h"
 #include "kernels/common/philox.h"
+#include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
 
 constexpr int kGumbelThreads = 256;  // 8 warps, one row each
-constexpr int kGumbelMaxHeadSize = 256;
-constexpr int kGumbelSlots = kGumbelMaxHeadSize / 32;  // channels per lane
 constexpr int kGumbelMaxGroups = 16;
 
 // ---- CUDA kernel --------------------------------------------------------------
@@ -76,9 +75,9 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
 
     const int r = groups, t = samples_per_group;
     const int total = r * t;
-    float sum[kGumbelSlots];
-    float means[kGumbelMaxGroups][kGumbelSlots];
-    for (int s = 0; s < kGumbelSlots; s++) sum[s] = 0.0f;
+    float sum[kAttentionSlots];
+    float means[kGumbelMaxGroups][kAttentionSlots];
+    for (int s = 0; s < kAttentionSlots; s++) sum[s] = 0.0f;
     for (int n0 = 0; n0 < total; n0 += 32) {
         const int chunk = min(32, total - n0);
         // lane L draws sample n0 + L (sample number 2 (n0 + L))
@@ -90,14 +89,14 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
         for (int u = 0; u < chunk; u++) {
             const int j = __shfl_sync(0xFFFFFFFFu, J, u);
             const float* v_j = values + (size_t)j * C3;
-            for (int s = 0; s < kGumbelSlots; s++) {
+            for (int s = 0; s < kAttentionSlots; s++) {
                 const int c = lane_id + 32 * s;
                 if (c < HS) sum[s] += v_j[c];
             }
             const int n = n0 + u;
             if ((n + 1) % t == 0) {
                 const int g = n / t;
-                for (int s = 0; s < kGumbelSlots; s++) {
+                for (int s = 0; s < kAttentionSlots; s++) {
                     means[g][s] = sum[s] / (float)t;
                     sum[s] = 0.0f;
                 }
@@ -107,7 +106,7 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
 
     // the coordinate-wise median of the group means
     float* o = out + ((size_t)b * T + i) * C + (size_t)h * HS;
-    for (int s = 0; s < kGumbelSlots; s++) {
+    for (int s = 0; s < kAttentionSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c >= HS) break;
         float column[kGumbelMaxGroups];
@@ -141,9 +140,9 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                      (unsigned long long)(lazy_gumbel_sample_capacity(T) / 2), T);
         std::exit(1);
     }
-    if (NH < 1 || C % NH != 0 || C / NH > kGumbelMaxHeadSize || k < 1) {
+    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize || k < 1) {
         std::fprintf(stderr, "gumbel_attention_forward: need C %% NH == 0, head size <= %d and k >= 1 "
-                             "(got C=%d NH=%d k=%d)\n", kGumbelMaxHeadSize, C, NH, k);
+                             "(got C=%d NH=%d k=%d)\n", kAttentionMaxHeadSize, C, NH, k);
         std::exit(1);
     }
     const int rows = B * NH * T;

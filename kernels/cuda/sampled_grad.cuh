@@ -34,7 +34,7 @@
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h (q, k, v of head h at channels h*HS of
 // their C-wide section); dout, out (B, T, C), head h at channels h*HS; topk_idx
 // (B, NH, T, k) ascending, -1 padded (LazyGumbel only). HS = C / NH <=
-// kSampledGradMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
+// kAttentionMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
 //
 // Design: one warp per row (b, h, i), the longest rows scheduled first, after (for
 // signed-start dV only) a walk-start kernel.
@@ -86,7 +86,7 @@
 // Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
 // (for signed-start dV: max(s, T s) <= 2^27, HS T s <= 2^27, and for LazyGumbel
 // 2 max(s, T s) <= lazy_gumbel_sample_capacity(T), as the CPU twin requires), head size
-// past kSampledGradMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
+// past kAttentionMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
 // statistics (the CPU twin's GumbelStats) are collected.
 #pragma once
 
@@ -101,6 +101,7 @@
 #include "kernels/common/fma_dot.h"
 #include "kernels/common/lazy_gumbel.h"
 #include "kernels/common/philox.h"
+#include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -108,8 +109,6 @@ namespace knngpt::cuda {
 using knngpt::GradSampleSource;
 
 constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
-constexpr int kSampledGradMaxHeadSize = 256;
-constexpr int kSampledGradSlots = kSampledGradMaxHeadSize / 32;  // channels per lane
 constexpr int kSampledGradMaxSamples = 1 << 27;                  // the CPU's draw-index capacity
 constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;        // first walk-start draw index, as on the CPU
 
@@ -151,11 +150,6 @@ __device__ __forceinline__ double sampled_grad_weight(const float* q, const floa
 }
 
 // The largest value over the 32 lanes of a full warp, every lane gets it.
-__device__ __forceinline__ int sampled_grad_warp_max(int value) {
-    for (int offset = 16; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
-    return value;
-}
-
 // ---- CUDA kernels -------------------------------------------------------------
 
 // One warp per column (b, h, c) of dO (x_i = dO[b, i, h*HS + c]): the running sums of
@@ -259,10 +253,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     }
 
     // the row's channels: lane owns c = lane + 32 s; Delta_i = dO_i . O_i
-    float q_reg[kSampledGradSlots], dy_reg[kSampledGradSlots], dv_add[kSampledGradSlots];
-    double dq[kSampledGradSlots];
+    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dv_add[kAttentionSlots];
+    double dq[kAttentionSlots];
     double delta = 0.0;
-    for (int s = 0; s < kSampledGradSlots; s++) {
+    for (int s = 0; s < kAttentionSlots; s++) {
         const int c = lane_id + 32 * s;
         q_reg[s] = c < HS ? q[c] : 0.0f;
         dy_reg[s] = c < HS ? dout[row_offset + c] : 0.0f;
@@ -275,10 +269,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     // signed-start dV: the walks of each of the lane's columns that start at row i, and
     // the signed weight each adds; the row draws count = max(s, most walks of a column)
     const bool signed_dv = walk_counts != nullptr;
-    int walks[kSampledGradSlots];
-    float walk_add[kSampledGradSlots];
+    int walks[kAttentionSlots];
+    float walk_add[kAttentionSlots];
     int count = samples;
-    for (int s = 0; s < kSampledGradSlots; s++) {
+    for (int s = 0; s < kAttentionSlots; s++) {
         const int c = lane_id + 32 * s;
         walks[s] = 0;
         walk_add[s] = 0.0f;
@@ -290,7 +284,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
             count = max(count, walks[s]);
         }
     }
-    count = sampled_grad_warp_max(count);
+    count = warp_reduce_max(count);
 
     for (int m0 = 0; m0 < count; m0 += 32) {
         const int chunk = min(32, count - m0);
@@ -331,14 +325,14 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 const float* k_j = keys + (size_t)j * C3;
                 const float* v_j = values + (size_t)j * C3;
                 double dp = 0.0;  // dO_i . v_J
-                for (int s = 0; s < kSampledGradSlots; s++) {
+                for (int s = 0; s < kAttentionSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) dp += (double)dy_reg[s] * v_j[c];
                 }
                 dp = warp_reduce_sum(dp);
                 const double coef = (double)tau * (dp - delta) / samples;
                 float* dk_j = dqkv + head + (size_t)j * C3 + C;
-                for (int s = 0; s < kSampledGradSlots; s++) {
+                for (int s = 0; s < kAttentionSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) {
                         dq[s] += coef * k_j[c];
@@ -348,7 +342,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 }
             }
             if (signed_dv) {  // walk m of column c, if row i starts that many, lands on J_m
-                for (int s = 0; s < kSampledGradSlots; s++) {
+                for (int s = 0; s < kAttentionSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS && m < walks[s]) atomicAdd(&dv_j[c], walk_add[s]);
                 }
@@ -356,7 +350,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
         }
     }
     float* dq_out = dqkv + head + (size_t)i * C3;
-    for (int s = 0; s < kSampledGradSlots; s++) {
+    for (int s = 0; s < kAttentionSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += (float)dq[s];
     }
@@ -374,9 +368,9 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                      kSampledGradMaxSamples, samples);
         std::exit(1);
     }
-    if (NH < 1 || C % NH != 0 || C / NH > kSampledGradMaxHeadSize) {
+    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize) {
         std::fprintf(stderr, "sampled_attention_backward: need C %% NH == 0 and head size <= %d (got C=%d NH=%d)\n",
-                     kSampledGradMaxHeadSize, C, NH);
+                     kAttentionMaxHeadSize, C, NH);
         std::exit(1);
     }
     if (source == GradSampleSource::LazyGumbel) {
