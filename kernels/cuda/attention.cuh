@@ -133,18 +133,10 @@ struct WarpRowSoftmax {
     }
 };
 
-// The backward's Delta (B, NH, T): one buffer of this file, grown when a larger
-// batch comes and never freed (like cuBLASLt's workspace). Work on the one
-// stream is ordered, so reusing it across calls is safe.
+// The backward's Delta (B, NH, T), in a scratch kept across calls.
 inline float* attention_delta_scratch(size_t count) {
-    static float* buffer = nullptr;
-    static size_t capacity = 0;
-    if (count > capacity) {
-        CUDA_CHECK(cudaFree(buffer));
-        CUDA_CHECK(cudaMalloc(&buffer, count * sizeof(float)));
-        capacity = count;
-    }
-    return buffer;
+    static DeviceScratch scratch;
+    return static_cast<float*>(scratch.get(count * sizeof(float)));
 }
 
 // ---- reference kernels: one warp per row ---------------------------------------

@@ -11,6 +11,7 @@
 //                                         shared memory
 //   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
 //   attention_row(warp, T, NH)            the (b, h, t) of a warp that owns one row of (B, NH, T)
+//   DeviceScratch                         a grow-on-demand device buffer for kernels' scratch
 //   ceil_div(a, b)
 // Kernels launch only through launch(...), never with a raw <<<>>>.
 #pragma once
@@ -86,6 +87,25 @@ __device__ __forceinline__ AttentionRow attention_row(int warp_index, int T, int
     r.b = warp_index / (T * NH);
     return r;
 }
+
+// A device buffer that grows to the largest size asked of it and is never
+// freed (like cuBLASLt's workspace): kernels' scratch, allocated once rather
+// than per call. Work on the one stream is ordered, so reusing it across calls
+// is safe; the cudaFree before growing waits for work still reading it.
+// Declare one `static` per use.
+struct DeviceScratch {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+
+    void* get(size_t needed) {
+        if (needed > bytes) {
+            check_cuda(cudaFree(ptr), __FILE__, __LINE__);  // (CUDA_CHECK is defined below)
+            check_cuda(cudaMalloc(&ptr, needed), __FILE__, __LINE__);
+            bytes = needed;
+        }
+        return ptr;
+    }
+};
 
 template <typename A, typename B>
 __host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {

@@ -8,7 +8,7 @@
 // Design: a fixed grid (depending only on N) of kGlobalNormThreads threads;
 // each thread sums a grid-stride slice in double, the block reduces its
 // threads in shared memory by a fixed tree, and writes one partial to a
-// device buffer. The host copies the partials back and adds them in block
+// device scratch kept across calls. The host copies the partials back and adds them in block
 // order. No atomics anywhere, so the result is deterministic run to run.
 #pragma once
 
@@ -47,12 +47,11 @@ inline double global_norm_squared(const float* x, size_t N) {
     if (N == 0) return 0.0;
     const size_t wanted = ceil_div(N, (size_t)kGlobalNormThreads);
     const int blocks = (int)(wanted < (size_t)kGlobalNormMaxBlocks ? wanted : (size_t)kGlobalNormMaxBlocks);
-    double* partials = nullptr;
-    CUDA_CHECK(cudaMalloc(&partials, (size_t)blocks * sizeof(double)));
+    static DeviceScratch scratch;
+    double* partials = static_cast<double*>(scratch.get((size_t)blocks * sizeof(double)));
     launch(global_norm_squared_kernel, blocks, kGlobalNormThreads, 0, nullptr, partials, x, N);
     std::vector<double> host(blocks);
     CUDA_CHECK(cudaMemcpy(host.data(), partials, (size_t)blocks * sizeof(double), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(partials));
     double sum = 0.0;
     for (int b = 0; b < blocks; b++) sum += host[b];
     return sum;

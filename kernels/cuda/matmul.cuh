@@ -199,14 +199,8 @@ inline CublasLtContext& cublaslt_context() {
 // A bf16 scratch buffer of this file, one per GEMM operand slot (0 or 1),
 // grown on demand and never freed (see the file header).
 inline __nv_bfloat16* bf16_scratch(int slot, size_t count) {
-    static __nv_bfloat16* buffers[2] = {nullptr, nullptr};
-    static size_t capacities[2] = {0, 0};
-    if (count > capacities[slot]) {
-        CUDA_CHECK(cudaFree(buffers[slot]));  // waits for the work still reading it
-        CUDA_CHECK(cudaMalloc(&buffers[slot], count * sizeof(__nv_bfloat16)));
-        capacities[slot] = count;
-    }
-    return buffers[slot];
+    static DeviceScratch scratch[2];
+    return static_cast<__nv_bfloat16*>(scratch[slot].get(count * sizeof(__nv_bfloat16)));
 }
 
 // The count floats at x rounded to bf16, in scratch slot `slot`.

@@ -113,25 +113,17 @@ constexpr int kSampledGradMaxSamples = 1 << 27;                  // the CPU's dr
 constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;        // first walk-start draw index, as on the CPU
 
 // The signed-start dV's scratch: the running sums cdf (B, NH, HS, T) in fp64, the walk
-// weights (B, NH, HS) in fp64 and the walk counts (B, NH, T, HS), in one buffer grown
-// when a larger batch comes and never freed (as attention_delta_scratch). Work on the
-// one stream is ordered, so reusing it across calls is safe.
+// weights (B, NH, HS) in fp64 and the walk counts (B, NH, T, HS), in one DeviceScratch.
 struct SampledGradWalkScratch {
     double* cdf;
     double* walk_weight;
     int* walk_counts;
 };
 inline SampledGradWalkScratch sampled_grad_walk_scratch(size_t columns, int T) {
-    static char* buffer = nullptr;
-    static size_t capacity = 0;
+    static DeviceScratch scratch;
     const size_t cdf_bytes = columns * T * sizeof(double);
     const size_t weight_bytes = columns * sizeof(double);
-    const size_t bytes = cdf_bytes + weight_bytes + columns * T * sizeof(int);
-    if (bytes > capacity) {
-        CUDA_CHECK(cudaFree(buffer));
-        CUDA_CHECK(cudaMalloc(&buffer, bytes));
-        capacity = bytes;
-    }
+    char* buffer = static_cast<char*>(scratch.get(cdf_bytes + weight_bytes + columns * T * sizeof(int)));
     return SampledGradWalkScratch{reinterpret_cast<double*>(buffer), reinterpret_cast<double*>(buffer + cdf_bytes),
                                   reinterpret_cast<int*>(buffer + cdf_bytes + weight_bytes)};
 }
