@@ -8,8 +8,9 @@
 // Design: a fixed grid (depending only on N) of kGlobalNormThreads threads;
 // each thread sums a grid-stride slice in double, the block reduces its
 // threads in shared memory by a fixed tree, and writes one partial to a
-// device scratch kept across calls. The host copies the partials back and adds them in block
-// order. No atomics anywhere, so the result is deterministic run to run.
+// device scratch kept across calls. The host copies the partials back and
+// adds them in block order. No atomics anywhere, so the result is
+// deterministic run to run.
 #pragma once
 
 #include <cstddef>
