@@ -10,13 +10,11 @@ namespace knngpt_test {
 
 using knngpt::cpu::AttentionHeadOffsets;
 using knngpt::cpu::attention_head_offsets;
-using knngpt::cpu::lazy_gumbel_score;
 
 // Naive causal top-k, (B, NH, T, k): full sort of each row by score (ties to the smaller
 // key), the best min(k, i+1) keys in ascending key order, then -1.
 std::vector<int> naive_causal_topk(const float* qkv, int B, int T, int C, int NH, int k) {
     const int HS = C / NH, C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
     std::vector<int> topk((size_t)B * NH * T * k, -1);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
@@ -25,7 +23,7 @@ std::vector<int> naive_causal_topk(const float* qkv, int B, int T, int C, int NH
                 std::vector<float> score(i + 1);
                 std::vector<int> order(i + 1);
                 for (int j = 0; j <= i; j++) {
-                    score[j] = lazy_gumbel_score(qkv + at.q + (size_t)i * C3, qkv + at.k + (size_t)j * C3, HS, tau);
+                    score[j] = knngpt::attention_dot(qkv + at.q + (size_t)i * C3, qkv + at.k + (size_t)j * C3, HS);
                     order[j] = j;
                 }
                 std::sort(order.begin(), order.end(), [&](int a, int c) {

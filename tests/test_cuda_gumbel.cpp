@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "kernels/common/lazy_gumbel.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
 #include "kernels/cpu/topk_index.h"

@@ -15,7 +15,7 @@
 //   of the column: several chunks of 32 samples);
 //   LazyGumbel without top-k lists or past the draw-index capacity, signed-start dV past
 //   it (either source), and samples < 1 exit with a one-line error;
-//   under the emulator, the device score equals cpu::lazy_gumbel_score bit for bit at
+//   the shared score (attention_score.h) run in a kernel equals the host's bit for bit at
 //   the usual head sizes (the scores decide the samples; a 1-ulp difference would
 //   change a pick only rarely, so the backward comparison alone would not show it).
 //
@@ -188,22 +188,37 @@ TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize8) { expect_same_signed_sta
 
 TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize32) { expect_same_signed_start_backward(Shape{1, 40, 64, 2}, 23); }
 
-#if defined(KNNGPT_CUDA_EMU)  // a __device__ function is callable from the host only here
+// One thread per (q, k) pair: the shared score of kernels/common/attention_score.h on
+// the device, scaled and unscaled.
+__global__ void attention_score_probe_kernel(float* scores, float* dots, const float* q, const float* k, int n,
+                                             int HS, float tau) {
+    const int p = blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n) return;
+    scores[p] = knngpt::attention_score(q + (size_t)p * HS, k + (size_t)p * HS, HS, tau);
+    dots[p] = knngpt::attention_dot(q + (size_t)p * HS, k + (size_t)p * HS, HS);
+}
+
 TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
-    for (int HS : {8, 16, 32, 64, 128}) {
-        const vector<float> q = uniform((size_t)HS * 200, 31, -2.0f, 2.0f);
-        const vector<float> k = uniform((size_t)HS * 200, 32, -2.0f, 2.0f);
-        const float tau = 1.0f / std::sqrt((float)HS);
+    const int n = 200;
+    for (int HS : {8, 16, 24, 32, 64, 128}) {
+        const vector<float> q = uniform((size_t)HS * n, 31, -2.0f, 2.0f);
+        const vector<float> k = uniform((size_t)HS * n, 32, -2.0f, 2.0f);
+        const float tau = knngpt::attention_tau(HS);
+        DeviceArray<float> d_q(q), d_k(k), d_scores((size_t)n), d_dots((size_t)n);
+        launch(attention_score_probe_kernel, knngpt::cuda::ceil_div(n, 64), 64, 0, nullptr, d_scores.ptr, d_dots.ptr,
+               d_q.ptr, d_k.ptr, n, HS, tau);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const vector<float> scores = d_scores.to_host(), dots = d_dots.to_host();
         int mismatches = 0;
-        for (int n = 0; n < 200; n++) {
-            const float expected = knngpt::cpu::lazy_gumbel_score(&q[(size_t)n * HS], &k[(size_t)n * HS], HS, tau);
-            const float got = knngpt::cuda::sampled_grad_score(&q[(size_t)n * HS], &k[(size_t)n * HS], HS, tau);
-            mismatches += std::memcmp(&got, &expected, sizeof(float)) != 0;
+        for (int p = 0; p < n; p++) {
+            const float score = knngpt::attention_score(&q[(size_t)p * HS], &k[(size_t)p * HS], HS, tau);
+            const float dot = knngpt::attention_dot(&q[(size_t)p * HS], &k[(size_t)p * HS], HS);
+            mismatches += std::memcmp(&scores[p], &score, sizeof(float)) != 0;
+            mismatches += std::memcmp(&dots[p], &dot, sizeof(float)) != 0;
         }
         EXPECT_EQ(mismatches, 0) << "HS " << HS;
     }
 }
-#endif
 
 // The unsupported configurations stop with one line before touching any pointer.
 TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
@@ -224,7 +239,7 @@ TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
     // lazy Gumbel: 2 T s = 2^17 sample numbers, past the 2^28 / 2^12 = 2^16 a row of T = 2^13 keys holds
     EXPECT_EXIT(run(GradSampleSource::LazyGumbel, true, 8, &topk_stub, 1 << 13), testing::ExitedWithCode(1),
                 "signed-start dV with samples = 8 at T = 8192 overflows the 28-bit draw index");
-    EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 0), testing::ExitedWithCode(1), "need 1 <= samples");
+    EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 0), testing::ExitedWithCode(1), "need samples >= 1");
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ std::vector<double> exact_row(const float* qkv, int b, int h, int i, int T, int 
     std::vector<double> p(i + 1);
     double mx = -INFINITY, sum = 0.0;
     for (int j = 0; j <= i; j++) {
-        p[j] = lazy_gumbel_score(qkv + at.q + (size_t)i * C3, qkv + at.k + (size_t)j * C3, HS, tau);
+        p[j] = knngpt::attention_score(qkv + at.q + (size_t)i * C3, qkv + at.k + (size_t)j * C3, HS, tau);
         mx = std::max(mx, p[j]);
     }
     for (double& x : p) sum += (x = std::exp(x - mx));

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <set>
 
-#include "kernels/common/philox.h"
+#include "kernels/common/draws.h"
 
 using namespace knngpt;
 

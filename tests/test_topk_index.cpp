@@ -163,7 +163,7 @@ vector<int> reference_topk(const Shape& s, int k, ScoreFn score) {
 
 vector<int> reference_topk_fp32(const vector<float>& qkv, const Shape& s, int k) {
     return reference_topk(s, k, [&](int b, int h, int i, int j) {
-        return (double)cpu::topk_score(query_of(qkv, s, b, h, i), key_of(qkv, s, b, h, j), s.HS());
+        return (double)knngpt::attention_dot(query_of(qkv, s, b, h, i), key_of(qkv, s, b, h, j), s.HS());
     });
 }
 
@@ -288,7 +288,7 @@ TEST(TopkScore, IsWithinFp32RoundingOfTheExactDotProduct) {
                 magnitude += std::fabs((double)q[d] * k[d]);
             }
             const double u = std::ldexp(1.0, -24), gamma = HS * u / (1.0 - HS * u);
-            ASSERT_LE(std::fabs(cpu::topk_score(q.data(), k.data(), HS) - exact), gamma * magnitude) << "HS=" << HS;
+            ASSERT_LE(std::fabs(knngpt::attention_dot(q.data(), k.data(), HS) - exact), gamma * magnitude) << "HS=" << HS;
         }
     }
 }
@@ -648,7 +648,7 @@ TEST(TopkLsh, MatchesItsDefinitionGivenTheHashCodes) {
             for (int j = 0; j <= i; j++) {
                 bool shares = false;
                 for (int t = 0; t < p.num_tables; t++) shares |= key_code[(size_t)j * p.num_tables + t] == query_code[t];
-                if (shares) candidates.push_back({cpu::topk_score(q, key_of(qkv, s, 0, h, j), HS), j});
+                if (shares) candidates.push_back({knngpt::attention_dot(q, key_of(qkv, s, 0, h, j), HS), j});
             }
             std::sort(candidates.begin(), candidates.end(), [](const auto& x, const auto& y) {
                 return x.first > y.first || (x.first == y.first && x.second < y.second);

@@ -24,6 +24,7 @@
 
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
+#include "kernels/common/draws.h"
 #include "kernels/common/rng.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
@@ -333,7 +334,7 @@ static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_to
     for (int i = 0; i < n_tokens; i++) {
         int ctx = std::min((int)tokens.size(), model.T);  // sliding window over the last T tokens
         const int* window = tokens.data() + tokens.size() - ctx;
-        model.attn.step = 0x40000000u + (uint32_t)i;  // Philox steps of sampling, apart from training's
+        model.attn.step = sampling_draw_step(i);
         gpt_forward(model, window, nullptr, 1, ctx);
         gpt_logits_at(model, 0, ctx - 1, logits.data());
         double mx = logits[0], sum = 0.0;
@@ -360,7 +361,7 @@ static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vec
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         loader.next_batch(inputs.data(), targets.data());
-        model.attn.step = 0x80000000u + (uint32_t)i;  // the same draws at every evaluation
+        model.attn.step = evaluation_draw_step(i);
         gpt_forward(model, inputs.data(), targets.data(), model.B, model.T);
         sum += model.mean_loss;
     }
@@ -586,7 +587,7 @@ static int run(const Options& o) {
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
-            model.attn.step = (uint32_t)((long)step * accum_steps + micro);
+            model.attn.step = training_draw_step(step, accum_steps, micro);
             // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
             const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps);
             gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, dloss);

@@ -48,8 +48,8 @@
 //                          full Gumbel for positions swept after a fallback; a row
 //                          with an empty head set uses it for its plain Gumbel-max)
 // So a row supports 2^28 / D(n_i) sample numbers (2^19 at n_i = 1024). Sample numbers
-// are split between users by parity: the `gumbel` forward uses even numbers 2u, the
-// sampled backward (sampled_grad.h) odd numbers 2m + 1, so the backward draws fresh
+// are split between users by parity (draws.h): the `gumbel` forward uses even numbers
+// 2u, the sampled backward (sampled_grad.h) odd numbers 2m + 1, so the backward draws fresh
 // samples (§9.1).
 //
 // Device arithmetic: the fp64 log, log1p, expm1 and exp are CUDA's natively (within
@@ -61,18 +61,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/common/fma_dot.h"
-#include "kernels/common/philox.h"  // KNNGPT_HD
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
+#include "kernels/common/hd.h"
 
 namespace knngpt {
-
-// Philox calls per purpose reserved for one sample of a row with n_i keys.
-KNNGPT_HD uint32_t lazy_gumbel_calls_per_sample(int n_i) { return (uint32_t)(n_i + 1) / 2; }
-
-// How many sample numbers a row with n_i keys supports: 2^28 / ceil(n_i / 2).
-KNNGPT_HD uint64_t lazy_gumbel_sample_capacity(int n_i) {
-    return (1ull << 28) / (uint64_t)lazy_gumbel_calls_per_sample(n_i < 1 ? 1 : n_i);
-}
 
 // The default exceeder cap for a row with `tail` tail keys and `head` top-k keys. The
 // exceeder count is about |R_i| Y / k with Y ~ Exp(1) (§4.3: e^{-(M - log Z_S)} is
@@ -82,12 +75,6 @@ KNNGPT_HD uint64_t lazy_gumbel_sample_capacity(int n_i) {
 KNNGPT_HD int lazy_gumbel_default_max_exceeders(int tail, int head) {
     if (head < 1) head = 1;
     return 8 * ((tail + head - 1) / head) + 8;
-}
-
-// s_ij = tau q_i . k_j with the dot product of fma_dot.h, so every backend computes
-// the same score bit for bit.
-KNNGPT_HD float lazy_gumbel_score(const float* q_i, const float* k_j, int HS, float tau) {
-    return tau * fma_dot(q_i, k_j, HS);
 }
 
 // Fp64 uniform number d of `purpose` for the sample whose block starts at call `base`.
@@ -126,7 +113,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     int best = -1;
     for (; head < k && topk[head] >= 0; head++) {
         const int j = topk[head];
-        const double s = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+        const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
         const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_HEAD_GUMBEL, base, head)));
         if (s + g > M) { M = s + g; best = j; }
         s_min = s < s_min ? s : s_min;
@@ -139,7 +126,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         // no head set: a plain Gumbel-max over the whole row (tail position = key)
         for (int j = 0; j < n_i; j++) {
             const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
-            const double s = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+            const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
             if (s + g > M) { M = s + g; best = j; }
         }
     } else if (tail > 0) {
@@ -161,7 +148,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             const int j = cursor.key((int)pos);
             const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
             const double g = -log(-log1p(ut * trunc_scale));  // Gumbel truncated to (B, inf)
-            const double s = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+            const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
             if (s + g > M) { M = s + g; best = j; }
             if (x > max_exceeders) {
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)
@@ -171,7 +158,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
                     if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
                     x++;
                     const int jr = cursor.key(rest);
-                    const double sr = lazy_gumbel_score(q_i, keys + (size_t)jr * stride, HS, tau);
+                    const double sr = attention_score(q_i, keys + (size_t)jr * stride, HS, tau);
                     if (sr + gr > M) { M = sr + gr; best = jr; }
                 }
                 break;

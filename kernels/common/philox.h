@@ -2,24 +2,16 @@
 // every stochastic attention estimator (Salmon et al., SC'11).
 //
 // A draw is a pure function of (key, counter): no state, so the CPU and the
-// CUDA backends, forward and backward, regenerate identical samples. knngpt's
-// counter layout (ALGORITHMS.md §9.3):
-//   key     = the 64-bit --attn-seed
-//   counter = (step, layer * NH + head, batch * T + query, draw)
-//   draw    = (purpose << 28) | index    (purpose below; index < 2^28)
-// One Philox call gives four 32-bit words; each draw uses word 0 (and word 1
-// where it needs 64 bits), so draws never share words.
+// CUDA backends, forward and backward, regenerate identical samples. Which
+// counter each draw of knngpt uses is kernels/common/draws.h; this file is the
+// generator and the conversions of its 32-bit words to uniform numbers.
 //
 // Round (×10): with products M0·c0 = (hi0, lo0) and M1·c2 = (hi1, lo1),
 //   c ← (hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0), then k ← k + (W0, W1).
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define KNNGPT_HD __host__ __device__ __forceinline__
-#else
-#define KNNGPT_HD inline
-#endif
+#include "kernels/common/hd.h"
 
 namespace knngpt {
 
@@ -44,30 +36,6 @@ KNNGPT_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
         c = Philox4{{hi1 ^ c.x[1] ^ k0, lo1, hi0 ^ c.x[3] ^ k1, lo0}};
     }
     return c;
-}
-
-// What a draw is for: the top 4 bits of the counter's draw word, so the
-// streams of different purposes never overlap.
-enum DrawPurpose : uint32_t {
-    DRAW_HEAD_GUMBEL = 0,       // Gumbel noise on the top-k keys (lazy Gumbel)
-    DRAW_TAIL_POSITION = 1,     // uniform tail keys (knn-tail, lazy Gumbel)
-    DRAW_TRUNCATED_GUMBEL = 2,  // truncated Gumbels of the tail (lazy Gumbel)
-    DRAW_GEOMETRIC_SKIP = 3,    // geometric skips over the tail
-    DRAW_GRADIENT_SAMPLE = 4,   // sampled attention gradients
-    DRAW_HASH = 5,              // LSH projections
-    DRAW_LIGHT_SAMPLE = 6,      // KMV light-part samples
-};
-
-// Where a random stream lives: one (seed, step, layer, head, batch, query).
-struct DrawSite {
-    uint64_t seed;
-    uint32_t step, layer_head, batch_query;
-};
-
-// The four words of draw `index` of `purpose` at `site`.
-KNNGPT_HD Philox4 philox_draw(const DrawSite& site, uint32_t purpose, uint32_t index) {
-    Philox4 c{{site.step, site.layer_head, site.batch_query, (purpose << 28) | (index & 0x0FFFFFFFu)}};
-    return philox4x32_10(c, (uint32_t)site.seed, (uint32_t)(site.seed >> 32));
 }
 
 // Uniform in (0, 1) from one word: (w >> 9) 2^-23 + 2^-24, in [2^-24, 1 - 2^-24],

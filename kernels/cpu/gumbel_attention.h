@@ -26,7 +26,8 @@
 #include <vector>
 
 #include "kernels/common/lazy_gumbel.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
 
 namespace knngpt::cpu {
@@ -39,7 +40,6 @@ struct GumbelStats {
 using knngpt::lazy_gumbel_calls_per_sample;
 using knngpt::lazy_gumbel_default_max_exceeders;
 using knngpt::lazy_gumbel_sample_capacity;
-using knngpt::lazy_gumbel_score;
 using knngpt::lazy_gumbel_uniform;
 using knngpt::LazyGumbelTailCursor;
 
@@ -71,7 +71,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                                      int layer, GumbelStats* stats = nullptr) {
     const int HS = C / NH;
     const int C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
+    const float tau = attention_tau(HS);
     const int r = groups, t = samples_per_group;
     if (r < 1 || t < 1)
         throw std::invalid_argument("kernels/cpu/gumbel_attention.h: groups and samples_per_group must be >= 1");
@@ -96,7 +96,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                     const float* q_i = qkv + at.q + (size_t)i * C3;
                     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
                     const int n_i = i + 1;
-                    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
                     int head = 0;
                     while (head < k && topk[head] >= 0) head++;
                     const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);
@@ -108,7 +108,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                             int x = 0;
                             bool fell_back = false;
                             const int J = lazy_gumbel_sample(q_i, keys, C3, HS, tau, n_i, topk, k, site,
-                                                             2u * (uint32_t)(g * t + u), max_exceeders, &x,
+                                                             gumbel_forward_sample_number((uint32_t)(g * t + u)), max_exceeders, &x,
                                                              &fell_back);
                             const float* v_J = values + (size_t)J * C3;
                             for (int c = 0; c < HS; c++) mean[c] += v_J[c];

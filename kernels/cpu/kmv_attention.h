@@ -61,7 +61,7 @@
 //            (> 0, since |L_i| >= n_i - (K - m) > m); -1 and logw 0 after.
 //   With m = 0 the light part is dropped (the row is heavy keys only, biased).
 //
-// Draws (Philox, kernels/common/philox.h). Head h of batch b: hash functions at
+// Draws (Philox, kernels/common/draws.h). Head h of batch b: hash functions at
 // query 0's site {seed, step, layer * NH + h, b * T}, purpose DRAW_HASH, draw
 // index f * (D + 2) + c: c < D + 1 gives coordinate c of a_f (Box-Muller from the
 // four words, cosine branch), c = D + 1 gives b_f = w u (words 0, 1). Query i:
@@ -95,7 +95,7 @@
 #include <vector>
 
 #include "kernels/common/attention_params.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
 
 namespace knngpt::cpu {
@@ -325,7 +325,6 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                 const float* k = qkv + at.k;
                 int* idx_bh = idx + ((size_t)b * NH + h) * T * K;
                 float* logw_bh = logw + ((size_t)b * NH + h) * T * K;
-                const uint32_t layer_head = (uint32_t)(p.layer * NH + h);
 
                 // rows whose causal prefix fits the list: all keys, exact
                 for (int i = 0; i < T && i < K; i++) {
@@ -344,7 +343,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     radius2 = std::max(radius2, key_norm2[j]);
                     prefix_radius2[j] = radius2;
                 }
-                const DrawSite hash_site{p.seed, p.step, layer_head, (uint32_t)(b * T)};
+                const DrawSite hash_site = head_draw_site(p.seed, p.step, p.layer, NH, h, b, T);
                 const KmvHashFamily family = kmv_draw_hash_family(hash_site, HS, T, p);
 
                 auto estimate_row = [&](int i, const std::vector<int>& candidates) {
@@ -379,7 +378,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     }
                     const uint32_t light_count = (uint32_t)(i + 1 - num_heavy);  // > m
                     if (m > 0) {
-                        const DrawSite row_site{p.seed, p.step, layer_head, (uint32_t)(b * T + i)};
+                        const DrawSite row_site = row_draw_site(p.seed, p.step, p.layer, NH, h, b, T, i);
                         kmv_sample_light_keys(light_keys.data(), chosen.data(), row_site, m, light_count,
                                               heavy_keys.data(), num_heavy);
                         const float light_logw = (float)std::log((double)light_count / (double)m);

@@ -25,14 +25,12 @@
 //               cumulative sums, J by inverse CDF (one fp64 uniform per sample)
 //   LazyGumbel  lazy_gumbel_sample on the row's top-k list (gumbel_attention.h), with
 //               the default exceeder cap; exact in law like ExactRow.
-// Draw indices, at site {seed, step, layer*NH + h, b*T + i}:
-//   ExactRow    DRAW_GRADIENT_SAMPLE index m (< 2^27): backward sample m of row i
-//   LazyGumbel  lazy_gumbel_sample number 2m + 1 (odd: the `gumbel` forward uses the
-//               even numbers) for backward sample m of row i
-//   walk starts DRAW_GRADIENT_SAMPLE index 2^27 + c N + n at the site of query 0 of
-//               (b, h) (batch_query = b*T): the start of walk n of column c
-// Every draw is a pure function of (seed, step, layer, head, batch, query, index), so
-// the result is deterministic for a given seed.
+// Draws (kernels/common/draws.h), at the row's site row_draw_site(.., b, T, i):
+//   ExactRow    DRAW_GRADIENT_SAMPLE index m (< kWalkStartDrawIndex): backward sample m
+//   LazyGumbel  lazy Gumbel sample number sampled_grad_sample_number(m) = 2m + 1
+//   walk starts DRAW_GRADIENT_SAMPLE index walk_start_draw_index(c, N, n) at the head's
+//               site head_draw_site(.., b, T): the start of walk n of column c
+// so the result is deterministic for a given seed.
 //
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h; dout, out (B, T, C); topk_idx
 // (B, NH, T, k) top-k lists (ascending, -1 padded; nullptr allowed for ExactRow).
@@ -49,16 +47,14 @@
 #include <vector>
 
 #include "kernels/common/attention_params.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
 
 namespace knngpt::cpu {
 
 using knngpt::GradSampleSource;
-
-// First DRAW_GRADIENT_SAMPLE index of the signed-start walk starts.
-constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;
 
 // Inverse-CDF pick from ascending cumulative weights cdf[0..n): the first l with cdf[l] > u cdf[n-1].
 inline int sampled_grad_pick(const double* cdf, int n, double u) {
@@ -77,7 +73,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
         // the causal row: weights exp(s_ij - max) and their running sums, in fp64
         double row_max = -INFINITY;
         for (int j = 0; j < n_i; j++) {
-            cdf[j] = lazy_gumbel_score(q_i, keys + (size_t)j * stride, HS, tau);
+            cdf[j] = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
             row_max = std::max(row_max, cdf[j]);
         }
         double running = 0.0;
@@ -96,7 +92,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
         for (int m = 0; m < count; m++) {
             int x = 0;
             bool fell_back = false;
-            J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site, 2u * (uint32_t)m + 1u,
+            J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site, sampled_grad_sample_number((uint32_t)m),
                                       max_exceeders, &x, &fell_back);
             *exceeders += x;
             *fallbacks += fell_back ? 1 : 0;
@@ -110,19 +106,14 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                                        uint32_t step, int layer, GumbelStats* stats = nullptr) {
     const int HS = C / NH;
     const int C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
+    const float tau = attention_tau(HS);
     const int s = samples;
     const char* where = "kernels/cpu/sampled_grad.h: ";
     if (s < 1) throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + ", expected >= 1");
     if (source == GradSampleSource::LazyGumbel && (!topk_idx || k < 1))
         throw std::invalid_argument(std::string(where) + "topk_idx with k >= 1 expected for the LazyGumbel source");
-    // the most samples one row can need: s, or all N = T s walks of a column
-    const long long walks = (long long)T * s;
-    const long long row_samples_max = signed_start_dv ? std::max<long long>(s, walks) : s;
-    const bool exact_fits = row_samples_max <= (long long)kSampledGradWalkStartIndex &&
-                            (!signed_start_dv || (long long)HS * walks <= (long long)kSampledGradWalkStartIndex);
-    const bool lazy_fits = 2ull * (uint64_t)row_samples_max <= lazy_gumbel_sample_capacity(T);
-    if (!exact_fits || (source == GradSampleSource::LazyGumbel && !lazy_fits))
+    const long long walks = (long long)T * s;  // per column, signed-start dV
+    if (!sampled_grad_draws_fit(T, HS, s, signed_start_dv, source == GradSampleSource::LazyGumbel))
         throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + " at T = " +
                                     std::to_string(T) + " overflows the 28-bit draw index, expected fewer");
 
@@ -148,7 +139,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                 // signed-start dV: the walk starts of every column, counted per row
                 if (signed_start_dv) {
                     walk_counts.assign((size_t)HS * T, 0);
-                    const DrawSite start_site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T)};
+                    const DrawSite start_site = head_draw_site(seed, step, layer, NH, h, b, T);
                     for (int c = 0; c < HS; c++) {
                         double l1 = 0.0;
                         for (int i = 0; i < T; i++) {
@@ -158,8 +149,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                         walk_weight[c] = l1 / (double)walks;
                         if (l1 == 0.0) continue;  // column of zeros: no walks, dV column 0
                         for (long long n = 0; n < walks; n++) {
-                            Philox4 w = philox_draw(start_site, DRAW_GRADIENT_SAMPLE,
-                                                    kSampledGradWalkStartIndex + (uint32_t)(c * walks + n));
+                            Philox4 w = philox_draw(start_site, DRAW_GRADIENT_SAMPLE, walk_start_draw_index(c, walks, n));
                             walk_counts[(size_t)c * T + sampled_grad_pick(cdf.data(), T, uniform_open01_f64(w.x[0], w.x[1]))]++;
                         }
                     }
@@ -171,7 +161,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                     const float* d_o_i = d_o + (size_t)i * C;
                     const float* o_i = o + (size_t)i * C;
                     const int* topk = topk_idx ? topk_idx + (((size_t)b * NH + h) * T + i) * k : nullptr;
-                    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
                     // samples J_{i,0..count-1}: s for dQ/dK (and dV), more if a column's walks need them
                     int count = s;
                     if (signed_start_dv)

@@ -39,7 +39,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/common/philox.h"
+#include "kernels/common/draws.h"
 
 namespace knngpt::cpu {
 
@@ -137,7 +137,7 @@ inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k,
                         }
                         continue;
                     }
-                    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
                     tail_position_words(words.data(), site, m);
                     if (with_replacement)
                         tail_positions_with_replacement(positions.data(), words.data(), m, (uint32_t)tail_size);

@@ -13,11 +13,11 @@
 // through the chosen keys.
 //
 // The score every index uses (and the one that makes `block` equal `brute` bit for
-// bit): a sequential fp32 fused multiply-add over the channels,
-//     acc = 0; for d = 0..HS-1: acc = fma(q_d, k_jd, acc)
-// (acc + q_d k_jd, two roundings, on targets without FMA). topk_score() is that
-// definition; the kernels compute it for 8 keys at once, one key per vector lane,
-// which repeats exactly the same operations per key.
+// bit, and the CPU equal the CUDA kernels): attention_dot of
+// kernels/common/attention_score.h, a sequential fp32 fused multiply-add over the
+// channels, acc = 0; for d = 0..HS-1: acc = fmaf(q_d, k_jd, acc), in every build.
+// The kernels compute it for 8 keys at once, one key per vector lane, which repeats
+// exactly the same operations per key.
 //
 // Three indices:
 //   brute  exact. Per (b, h) and block of kTopkQueryBlock queries, the block's scores
@@ -92,7 +92,8 @@
 #endif
 
 #include "kernels/common/attention_params.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
 
 namespace knngpt::cpu {
 
@@ -113,24 +114,6 @@ inline void topk_check(bool ok, const char* what) {
         std::fprintf(stderr, "kernels/cpu/topk_index.h: %s\n", what);
         std::abort();
     }
-}
-
-// ----------------------------------------------------------------------------
-// The score
-
-inline float topk_fma(float a, float b, float acc) {
-#if defined(__FMA__)
-    return std::fma(a, b, acc);
-#else
-    return acc + a * b;
-#endif
-}
-
-// score(q, k) = sequential fma over the HS channels: the definition every index uses.
-inline float topk_score(const float* q, const float* k, int HS) {
-    float acc = 0.0f;
-    for (int d = 0; d < HS; d++) acc = topk_fma(q[d], k[d], acc);
-    return acc;
 }
 
 // ----------------------------------------------------------------------------
@@ -169,7 +152,7 @@ inline void topk_pack_keys(float* panels, const float* qkv, int B, int T, int C,
                                 C3, T, HS);
 }
 
-// Eight fp32 lanes, one key each; a lane's fma is exactly topk_fma. AVX2/FMA
+// Eight fp32 lanes, one key each; a lane's fma is exactly attention_dot's fmaf. AVX2/FMA
 // intrinsics where available (g++ does not reliably vectorise the lane loops),
 // otherwise plain per-lane loops: the same operations, the same results.
 #if defined(__AVX__) && defined(__FMA__)
@@ -194,7 +177,7 @@ inline void topk_lanes_store(float* p, TopkLaneVec v) {
     for (int l = 0; l < kTopkLanes; l++) p[l] = v.x[l];
 }
 inline TopkLaneVec topk_lanes_fma(float a, TopkLaneVec b, TopkLaneVec acc) {
-    for (int l = 0; l < kTopkLanes; l++) acc.x[l] = topk_fma(a, b.x[l], acc.x[l]);
+    for (int l = 0; l < kTopkLanes; l++) acc.x[l] = std::fma(a, b.x[l], acc.x[l]);
     return acc;
 }
 #endif
@@ -992,7 +975,7 @@ inline void lsh_hyperplanes(float* planes, const LshParams& p, int NH, int h, in
     const int M = p.num_tables * p.num_bits;
     const double two_pi = 6.283185307179586;
     for (int t = 0; t < p.num_tables; t++) {
-        const DrawSite site{p.seed, p.step, (uint32_t)(p.layer * NH + h), (uint32_t)t};
+        const DrawSite site = lsh_table_draw_site(p.seed, p.step, p.layer, NH, h, t);
         for (int m = 0; m < p.num_bits; m++) {
             for (int d = 0; d <= HS; d++) {
                 const Philox4 w = philox_draw(site, DRAW_HASH, (uint32_t)(m * (HS + 1) + d));

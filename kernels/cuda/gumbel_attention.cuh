@@ -40,7 +40,8 @@
 #include <cstdlib>
 
 #include "kernels/common/lazy_gumbel.h"
-#include "kernels/common/philox.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
 #include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
 #include "kernels/cuda/common.cuh"
 
@@ -68,7 +69,7 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
     const float* keys = qkv + head_offset + C;        // key j at j * C3
     const float* values = qkv + head_offset + 2 * C;  // value j at j * C3
     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
-    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
     int head = 0;
     while (head < k && topk[head] >= 0) head++;
     const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);
@@ -83,7 +84,7 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
         // lane L draws sample n0 + L (sample number 2 (n0 + L))
         int J = 0;
         if (lane_id < chunk)
-            J = lazy_gumbel_sample_core(q, keys, C3, HS, tau, n_i, topk, k, site, 2u * (uint32_t)(n0 + lane_id),
+            J = lazy_gumbel_sample_core(q, keys, C3, HS, tau, n_i, topk, k, site, gumbel_forward_sample_number((uint32_t)(n0 + lane_id)),
                                         max_exceeders, nullptr, nullptr);
         // add the chunk's values in sample order; close a group after its t-th sample
         for (int u = 0; u < chunk; u++) {
@@ -147,7 +148,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
     }
     const int rows = B * NH * T;
     if (rows == 0) return;
-    const float tau = 1.0f / std::sqrt((float)(C / NH));  // as the CPU twin computes it
+    const float tau = attention_tau(C / NH);
     const int rows_per_block = kGumbelThreads / 32;
     launch(gumbel_attention_forward_kernel, ceil_div(rows, rows_per_block), kGumbelThreads, 0, nullptr, out, qkv,
            topk_idx, B, T, C, NH, k, groups, samples_per_group, tau, seed, step, layer);

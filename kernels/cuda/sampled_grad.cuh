@@ -6,9 +6,9 @@
 // For every row (b, h, i), with n_i = i + 1 keys, backward sample m (0 <= m < s) is
 // J_m ~ P_i (the causal softmax row), from one of two sources at site
 // {seed, step, layer*NH + h, b*T + i}:
-//   ExactRow    s_ij = tau q_i . k_j      fp32, as lazy_gumbel_score: the fma chain of
-//                                         fma_dot.h (acc = fma(q_c, k_jc, acc) over
-//                                         c = 0..HS-1 in order), then tau * acc
+//   ExactRow    s_ij = attention_score (kernels/common/attention_score.h): the fma
+//                                         chain acc = fma(q_c, k_jc, acc) over
+//                                         c = 0..HS-1 in order, then tau * acc
 //               cdf_l = sum_{j<=l} exp(s_ij - max_j s_ij)          fp64, summed in j order
 //               u_m = uniform_open01_f64 of Philox draw DRAW_GRADIENT_SAMPLE index m;
 //               J_m = the first l with cdf_l > u_m cdf_{n_i-1} (n_i - 1 if none)
@@ -84,8 +84,7 @@
 // natively too.
 //
 // Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
-// (for signed-start dV: max(s, T s) <= 2^27, HS T s <= 2^27, and for LazyGumbel
-// 2 max(s, T s) <= lazy_gumbel_sample_capacity(T), as the CPU twin requires), head size
+// (sampled_grad_draws_fit, kernels/common/draws.h, as the CPU twin requires), head size
 // past kAttentionMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
 // statistics (the CPU twin's GumbelStats) are collected.
 #pragma once
@@ -98,9 +97,9 @@
 #include <cstdlib>
 
 #include "kernels/common/attention_params.h"
-#include "kernels/common/fma_dot.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
 #include "kernels/common/lazy_gumbel.h"
-#include "kernels/common/philox.h"
 #include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
 #include "kernels/cuda/common.cuh"
 
@@ -109,8 +108,6 @@ namespace knngpt::cuda {
 using knngpt::GradSampleSource;
 
 constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
-constexpr int kSampledGradMaxSamples = 1 << 27;                  // the CPU's draw-index capacity
-constexpr uint32_t kSampledGradWalkStartIndex = 1u << 27;        // first walk-start draw index, as on the CPU
 
 // The signed-start dV's scratch: the running sums cdf (B, NH, HS, T) in fp64, the walk
 // weights (B, NH, HS) in fp64 and the walk counts (B, NH, T, HS), in one DeviceScratch.
@@ -130,15 +127,10 @@ inline SampledGradWalkScratch sampled_grad_walk_scratch(size_t columns, int T) {
 
 // ---- device helpers -----------------------------------------------------------
 
-// s_ij = tau q_i . k_j exactly as lazy_gumbel_score computes it (fma_dot.h).
-__device__ __forceinline__ float sampled_grad_score(const float* q, const float* k, int HS, float tau) {
-    return lazy_gumbel_score(q, k, HS, tau);
-}
-
 // The unnormalised weight exp(s_ij - row_max) of key j, in fp64.
 __device__ __forceinline__ double sampled_grad_weight(const float* q, const float* k, int HS, float tau,
                                                       double row_max) {
-    return exp((double)sampled_grad_score(q, k, HS, tau) - row_max);
+    return exp((double)attention_score(q, k, HS, tau) - row_max);
 }
 
 // The largest value over the 32 lanes of a full warp, every lane gets it.
@@ -183,10 +175,9 @@ __global__ void sampled_grad_walk_start_kernel(double* cdf, int* walk_counts, do
     if (lane_id == 0) walk_weight[column] = l1 / (double)walks;
     if (l1 == 0.0) return;  // a column of zeros has no walks (every lane holds the same l1)
     // walk n starts at the first row i with cdf_i > u_n l1 (T - 1 if none), as sampled_grad_pick
-    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T)};
+    const DrawSite site = head_draw_site(seed, step, layer, NH, h, b, T);
     for (long long n = lane_id; n < walks; n += 32) {
-        const Philox4 draw =
-            philox_draw(site, DRAW_GRADIENT_SAMPLE, kSampledGradWalkStartIndex + (uint32_t)(c * walks + n));
+        const Philox4 draw = philox_draw(site, DRAW_GRADIENT_SAMPLE, walk_start_draw_index(c, walks, n));
         const double target = uniform_open01_f64(draw.x[0], draw.x[1]) * l1;
         int lo = 0, hi = T;  // upper bound: the first i with cdf_i > target
         while (lo < hi) {
@@ -218,7 +209,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     const float* keys = qkv + head + C;        // key j at j * C3
     const float* values = qkv + head + 2 * C;  // value j at j * C3
     const size_t row_offset = ((size_t)b * T + i) * C + (size_t)h * HS;
-    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
     const bool lazy = source == GradSampleSource::LazyGumbel;
 
     double row_max = -INFINITY, total = 0.0;  // ExactRow
@@ -227,7 +218,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     if (!lazy) {
         // pass 1: the row max of the scores
         for (int j = lane_id; j < n_i; j += 32)
-            row_max = fmax(row_max, (double)sampled_grad_score(q, keys + (size_t)j * C3, HS, tau));
+            row_max = fmax(row_max, (double)attention_score(q, keys + (size_t)j * C3, HS, tau));
         row_max = warp_reduce_max(row_max);
 
         // pass 2: total = the running sum of the weights in j order, held by every lane
@@ -285,7 +276,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
             // lane L draws lazy Gumbel sample number 2 (m0 + L) + 1
             if (lane_id < chunk)
                 J = lazy_gumbel_sample_core(q, keys, C3, HS, tau, n_i, topk, k, site,
-                                            2u * (uint32_t)(m0 + lane_id) + 1u, max_exceeders, nullptr, nullptr);
+                                            sampled_grad_sample_number((uint32_t)(m0 + lane_id)), max_exceeders, nullptr, nullptr);
         } else {
             // pass 3: lane L places sample m0 + L at the first l with cdf_l > u total
             double target = 0.0;
@@ -355,9 +346,8 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
                                        GradSampleSource source, bool signed_start_dv, uint64_t seed, uint32_t step,
                                        int layer) {
-    if (samples < 1 || samples > kSampledGradMaxSamples) {
-        std::fprintf(stderr, "sampled_attention_backward: need 1 <= samples <= %d (the draw-index capacity), got %d\n",
-                     kSampledGradMaxSamples, samples);
+    if (samples < 1) {
+        std::fprintf(stderr, "sampled_attention_backward: need samples >= 1, got %d\n", samples);
         std::exit(1);
     }
     if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize) {
@@ -370,32 +360,16 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
             std::fprintf(stderr, "sampled_attention_backward: the lazy-gumbel source needs top-k lists with k >= 1\n");
             std::exit(1);
         }
-        // backward sample m of a row is lazy Gumbel sample number 2m + 1: the last row bounds them all
-        if (2ull * (uint64_t)samples > lazy_gumbel_sample_capacity(T)) {
-            std::fprintf(stderr, "sampled_attention_backward: samples = %d at T = %d overflows the 28-bit draw index "
-                                 "of lazy Gumbel, expected <= %llu\n", samples, T,
-                         (unsigned long long)(lazy_gumbel_sample_capacity(T) / 2));
-            std::exit(1);
-        }
     }
     const int HS = C / NH;
-    if (signed_start_dv) {
-        // a row may need all N = T s walks of one column as samples, and the walk starts
-        // take draw indices 2^27 + c N + n: the CPU twin's limits
-        const long long walks = (long long)T * samples;
-        const long long row_samples_max = std::max<long long>(samples, walks);
-        const bool exact_fits = row_samples_max <= (long long)kSampledGradWalkStartIndex &&
-                                (long long)HS * walks <= (long long)kSampledGradWalkStartIndex;
-        const bool lazy_fits = 2ull * (uint64_t)row_samples_max <= lazy_gumbel_sample_capacity(T);
-        if (!exact_fits || (source == GradSampleSource::LazyGumbel && !lazy_fits)) {
-            std::fprintf(stderr, "sampled_attention_backward: signed-start dV with samples = %d at T = %d overflows "
-                                 "the 28-bit draw index, expected fewer\n", samples, T);
-            std::exit(1);
-        }
+    if (!sampled_grad_draws_fit(T, HS, samples, signed_start_dv, source == GradSampleSource::LazyGumbel)) {
+        std::fprintf(stderr, "sampled_attention_backward: %ssamples = %d at T = %d overflows the 28-bit draw index, "
+                             "expected fewer\n", signed_start_dv ? "signed-start dV with " : "", samples, T);
+        std::exit(1);
     }
     const int rows = B * NH * T;
     if (rows == 0) return;
-    const float tau = 1.0f / std::sqrt((float)HS);  // as the CPU twin computes it
+    const float tau = attention_tau(HS);
     const int warps_per_block = kSampledGradThreads / 32;
     const int* walk_counts = nullptr;
     const double* walk_weight = nullptr;

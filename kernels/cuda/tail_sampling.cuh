@@ -35,7 +35,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kernels/common/philox.h"
+#include "kernels/common/draws.h"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -109,7 +109,7 @@ __global__ void sample_tail_keys_kernel(int* idx, float* logw, int B, int T, int
     }
 
     // positions p_t in draw order, kept in the tail slots for Floyd's check
-    const DrawSite site{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
     for (int t = 0; t < m; t++) {
         const uint32_t word = philox_draw(site, DRAW_TAIL_POSITION, (uint32_t)t).x[0];
         uint32_t p;

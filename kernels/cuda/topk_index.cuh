@@ -32,7 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kernels/common/fma_dot.h"
+#include "kernels/common/attention_score.h"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -44,10 +44,7 @@ constexpr int kTopkRadixBins = 256;  // 8 bits per pass, 4 passes
 
 // ---- CUDA kernels -------------------------------------------------------------
 
-// The score of the CPU twin (topk_score): a sequential fma chain from 0.
-__device__ __forceinline__ float topk_score_device(const float* q, const float* key, int HS) {
-    return fma_dot(q, key, HS);
-}
+// The score of every index: attention_dot (kernels/common/attention_score.h).
 
 // A score as an unsigned key with the same order: for x >= 0 set the sign bit,
 // for x < 0 flip every bit. -0 is made +0 first, so equal scores give equal keys.
@@ -91,7 +88,7 @@ __global__ void causal_topk_brute_kernel(int* idx, const float* qkv, int B, int 
         for (int bin = lane_id; bin < kTopkRadixBins; bin += 32) hist[bin] = 0;
         __syncwarp();
         for (int j = lane_id; j < n; j += 32) {
-            const unsigned key = topk_order_key(topk_score_device(q, keys + (size_t)j * C3, HS));
+            const unsigned key = topk_order_key(attention_dot(q, keys + (size_t)j * C3, HS));
             if ((key & prefix_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
         }
         __syncwarp();
@@ -138,7 +135,7 @@ __global__ void causal_topk_brute_kernel(int* idx, const float* qkv, int B, int 
     for (int base = 0; base < n; base += 32) {
         const int j = base + lane_id;
         unsigned key = 0;
-        if (j < n) key = topk_order_key(topk_score_device(q, keys + (size_t)j * C3, HS));
+        if (j < n) key = topk_order_key(attention_dot(q, keys + (size_t)j * C3, HS));
         const bool equal = j < n && key == thr;
         const unsigned equal_mask = __ballot_sync(0xFFFFFFFFu, equal);
         const bool chosen = (j < n && key > thr) || (equal && equal_seen + __popc(equal_mask & lanes_below) < take);

@@ -1,0 +1,34 @@
+// kernels/common/attention_score.h — the attention score, defined once for every
+// top-k index and every sampler of both backends (ALGORITHMS.md §2.1, §9.3).
+//
+//   attention_dot(q, k, HS)          acc = 0; for d = 0..HS-1: acc = fmaf(q_d, k_d, acc)
+//   attention_tau(HS)                tau = 1 / sqrt(HS)   (fp32 sqrt and division, both correctly rounded)
+//   attention_score(q, k, HS, tau)   s = tau * attention_dot(q, k, HS)
+//
+// The top-k indexes rank keys by attention_dot (tau > 0 does not change the order,
+// and the unscaled chain is what the vectorised CPU search computes lane by lane);
+// the samplers use attention_score. Every rounding is fixed: fmaf is one correctly
+// rounded operation in every build (the FMA instruction, or glibc's exact fmaf on a
+// CPU without one), and an explicit fma cannot be contracted or split differently by
+// either compiler, as `acc += a * b` can. So wherever two kernels must choose the
+// same keys bit for bit (CPU and CUDA, brute and block index), they call these.
+#pragma once
+#include <cmath>
+
+#include "kernels/common/hd.h"
+
+namespace knngpt {
+
+KNNGPT_HD float attention_dot(const float* q, const float* k, int HS) {
+    float acc = 0.0f;
+    for (int d = 0; d < HS; d++) acc = fmaf(q[d], k[d], acc);
+    return acc;
+}
+
+KNNGPT_HD float attention_tau(int HS) { return 1.0f / sqrtf((float)HS); }
+
+KNNGPT_HD float attention_score(const float* q, const float* k, int HS, float tau) {
+    return tau * attention_dot(q, k, HS);
+}
+
+}  // namespace knngpt
