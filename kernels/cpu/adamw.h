@@ -1,4 +1,5 @@
-// kernels/cpu/adamw.h — AdamW step with decoupled weight decay.
+// kernels/cpu/adamw.h — AdamW step with decoupled weight decay; the per-element
+// formula is kernels/common/adamw.h:
 //
 //   for i < N:
 //     g       = grads[i] * grad_scale              (grad_scale: e.g. clipping or 1/accumulation)
@@ -10,8 +11,9 @@
 // Shapes: params, grads, m, v all (N). m and v are the optimizer state, updated in place.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
+
+#include "kernels/common/adamw.h"
 
 namespace knngpt::cpu {
 
@@ -19,19 +21,9 @@ inline void adamw_update(float* params, const float* grads, float* m, float* v, 
                          float lr, float beta1, float beta2, float eps, float weight_decay,
                          int t, float grad_scale) {
     // bias corrections, computed once for the whole buffer
-    const float beta1_correction = 1.0f - (float)std::pow((double)beta1, t);
-    const float beta2_correction = 1.0f - (float)std::pow((double)beta2, t);
+    const AdamWSettings settings = adamw_settings(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
     #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) {
-        const float g = grads[i] * grad_scale;
-        const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
-        const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = m_i;
-        v[i] = v_i;
-        const float m_hat = m_i / beta1_correction;
-        const float v_hat = v_i / beta2_correction;
-        params[i] -= lr * (m_hat / (std::sqrt(v_hat) + eps) + weight_decay * params[i]);
-    }
+    for (size_t i = 0; i < N; i++) params[i] = adamw_step(params[i], grads[i], m[i], v[i], settings);
 }
 
 }  // namespace knngpt::cpu

@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "kernels/common/attention_score.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace knngpt::cpu {
@@ -51,7 +52,7 @@ inline AttentionHeadOffsets attention_head_offsets(int b, int h, int T, int C, i
 inline void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     const int HS = C / NH;
     const int C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
+    const float tau = attention_tau(HS);
     const int num_blocks = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
     #pragma omp parallel
     {
@@ -109,7 +110,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
                                const float* lse, int B, int T, int C, int NH) {
     const int HS = C / NH;
     const int C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
+    const float tau = attention_tau(HS);
     const int num_blocks = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
     #pragma omp parallel
     {

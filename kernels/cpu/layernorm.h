@@ -1,4 +1,5 @@
-// kernels/cpu/layernorm.h — layer normalisation over the last dimension.
+// kernels/cpu/layernorm.h — layer normalisation over the last dimension; the
+// per-element formulas and eps are kernels/common/layernorm.h.
 //
 //   forward, per row n of C channels (eps = 1e-5):
 //     mean[n] = (1/C) sum_c x[n,c]
@@ -14,12 +15,11 @@
 // dinp, dweight and dbias; the caller zeroes them.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 
-namespace knngpt::cpu {
+#include "kernels/common/layernorm.h"
 
-constexpr float kLayerNormEps = 1e-5f;
+namespace knngpt::cpu {
 
 inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C) {
@@ -37,9 +37,9 @@ inline void layernorm_forward(float* out, float* mean, float* rstd, const float*
         float sum_sq = 0.0f;
         #pragma omp simd reduction(+:sum_sq)
         for (int c = 0; c < C; c++) sum_sq += (x[c] - m) * (x[c] - m);
-        const float s = 1.0f / std::sqrt(sum_sq / (float)C + kLayerNormEps);
+        const float s = layernorm_rstd(sum_sq, C);
         // normalise, then scale and shift
-        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+        for (int c = 0; c < C; c++) y[c] = layernorm_output(x[c], m, s, weight[c], bias[c]);
         // cache for backward
         mean[n] = m;
         rstd[n] = s;
@@ -60,18 +60,16 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
         float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
         #pragma omp simd reduction(+:dnorm_sum, dnorm_norm_sum)
         for (int c = 0; c < C; c++) {
-            const float norm = (x[c] - m) * s;
+            const float norm = layernorm_normalised(x[c], m, s);
             const float dnorm = weight[c] * dy[c];
             dnorm_sum += dnorm;
             dnorm_norm_sum += dnorm * norm;
         }
         const float dnorm_mean = dnorm_sum / (float)C;
         const float dnorm_norm_mean = dnorm_norm_sum / (float)C;
-        for (int c = 0; c < C; c++) {
-            const float norm = (x[c] - m) * s;
-            const float dnorm = weight[c] * dy[c];
-            dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
-        }
+        for (int c = 0; c < C; c++)
+            dx[c] += layernorm_input_gradient(layernorm_normalised(x[c], m, s), weight[c] * dy[c], s, dnorm_mean,
+                                              dnorm_norm_mean);
     }
     // dweight, dbias sum over rows: each iteration owns a block of channels
     // and walks every row, so no two threads write the same entry.
@@ -85,7 +83,7 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
             const float m = mean[n], s = rstd[n];
             for (int c = c0; c < c1; c++) {
                 dbias[c] += dy[c];
-                dweight[c] += (x[c] - m) * s * dy[c];
+                dweight[c] += layernorm_normalised(x[c], m, s) * dy[c];
             }
         }
     }

@@ -110,7 +110,7 @@ inline void sparse_attention_forward(float* out, float* lse, const float* qkv, c
                                      int B, int T, int C, int NH, int K) {
     const int HS = C / NH;
     const int C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
+    const float tau = attention_tau(HS);
     #pragma omp parallel
     {
         // per-thread scratch: the head's k and v packed (T, HS), one list's keys and logits (then P)
@@ -162,7 +162,7 @@ inline void sparse_attention_backward(float* dqkv, const float* dout, const floa
                                       int B, int T, int C, int NH, int K) {
     const int HS = C / NH;
     const int C3 = 3 * C;
-    const float tau = 1.0f / std::sqrt((float)HS);
+    const float tau = attention_tau(HS);
     #pragma omp parallel
     {
         // per-thread scratch: the head's k and v packed (T, HS) and its dK and dV (T, HS),

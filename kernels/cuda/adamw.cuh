@@ -1,5 +1,5 @@
 // kernels/cuda/adamw.cuh — AdamW step with decoupled weight decay, fp32.
-// Twin of kernels/cpu/adamw.h.
+// Twin of kernels/cpu/adamw.h; the per-element formula is kernels/common/adamw.h:
 //
 //   for i < N:
 //     g       = grads[i] * grad_scale
@@ -15,12 +15,12 @@
 // copy, params_bf16[i] = bf16(params[i]), which the bf16 matmuls read.
 //
 // Design: one thread per element; the two bias corrections are computed once
-// on the host, exactly as the twin does, and passed in.
+// on the host (adamw_settings, as the twin does) and passed in.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 
+#include "kernels/common/adamw.h"
 #include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/common.cuh"
 
@@ -32,18 +32,13 @@ constexpr int kAdamWThreads = 256;
 
 // params_bf16: the bf16 copy of params to keep, or nullptr.
 __global__ void adamw_update_kernel(float* params, __nv_bfloat16* params_bf16, const float* grads, float* m, float* v,
-                                    size_t N, float lr, float beta1, float beta2, float eps, float weight_decay,
-                                    float beta1_correction, float beta2_correction, float grad_scale) {
+                                    size_t N, AdamWSettings settings) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    const float g = grads[i] * grad_scale;
-    const float m_i = beta1 * m[i] + (1.0f - beta1) * g;
-    const float v_i = beta2 * v[i] + (1.0f - beta2) * g * g;
+    float m_i = m[i], v_i = v[i];
+    const float p = adamw_step(params[i], grads[i], m_i, v_i, settings);
     m[i] = m_i;
     v[i] = v_i;
-    const float m_hat = m_i / beta1_correction;
-    const float v_hat = v_i / beta2_correction;
-    const float p = params[i] - lr * (m_hat / (sqrtf(v_hat) + eps) + weight_decay * params[i]);
     params[i] = p;
     if (params_bf16) params_bf16[i] = __float2bfloat16(p);
 }
@@ -53,11 +48,10 @@ __global__ void adamw_update_kernel(float* params, __nv_bfloat16* params_bf16, c
 inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t N, float lr, float beta1,
                          float beta2, float eps, float weight_decay, int t, float grad_scale) {
     if (N == 0) return;
-    const float beta1_correction = 1.0f - (float)std::pow((double)beta1, t);
-    const float beta2_correction = 1.0f - (float)std::pow((double)beta2, t);
+    const AdamWSettings settings = adamw_settings(lr, beta1, beta2, eps, weight_decay, t, grad_scale);
     const unsigned blocks = (unsigned)ceil_div(N, (size_t)kAdamWThreads);
-    launch(adamw_update_kernel, blocks, kAdamWThreads, 0, nullptr, params, bf16_copy_of(params, N), grads, m, v, N, lr,
-           beta1, beta2, eps, weight_decay, beta1_correction, beta2_correction, grad_scale);
+    launch(adamw_update_kernel, blocks, kAdamWThreads, 0, nullptr, params, bf16_copy_of(params, N), grads, m, v, N,
+           settings);
 }
 
 }  // namespace knngpt::cuda

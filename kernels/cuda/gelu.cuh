@@ -1,8 +1,8 @@
-// kernels/cuda/gelu.cuh — GELU, tanh approximation (GPT-2's), fp32. Twin of kernels/cpu/gelu.h.
+// kernels/cuda/gelu.cuh — GELU, tanh approximation (GPT-2's), fp32. Twin of kernels/cpu/gelu.h;
+// the formula is kernels/common/gelu.h, with CUDA's tanhf:
 //
 //   forward:  y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
-//   backward: dy/dx = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-//             dinp += dy/dx * dout
+//   backward: dinp += dy/dx * dout
 //
 // Shapes: any, flattened to N elements (in the model: (B, T, 4C)).
 // Backward needs the forward's input (inp), not its output. Backward accumulates (+=).
@@ -11,18 +11,16 @@
 
 #include <cstddef>
 
+#include "kernels/common/gelu.h"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
 
 constexpr int kGeluThreads = 256;
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCubic = 0.044715f;
 
 // y(x) above; also the GELU of the emulated matmul epilogue (matmul.cuh).
 __host__ __device__ __forceinline__ float gelu_tanh(float x) {
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    return 0.5f * x * (1.0f + tanhf(u));
+    return gelu_from_tanh(x, tanhf(gelu_tanh_argument(x)));
 }
 
 // ---- CUDA kernels -------------------------------------------------------------
@@ -37,11 +35,7 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     const float x = inp[i];
-    const float u = kGeluScale * (x + kGeluCubic * x * x * x);
-    const float tanh_u = tanhf(u);
-    const float du_dx = kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
-    const float dy_dx = 0.5f * (1.0f + tanh_u) + 0.5f * x * (1.0f - tanh_u * tanh_u) * du_dx;
-    dinp[i] += dy_dx * dout[i];
+    dinp[i] += gelu_derivative_from_tanh(x, tanhf(gelu_tanh_argument(x))) * dout[i];
 }
 
 // ---- host launchers -----------------------------------------------------------

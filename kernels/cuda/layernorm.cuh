@@ -22,11 +22,11 @@
 
 #include <cstddef>
 
+#include "kernels/common/layernorm.h"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
 
-constexpr float kLayerNormEpsilon = 1e-5f;
 constexpr int kLayerNormThreads = 256;       // 8 warps, 8 rows per block
 constexpr int kLayerNormParamStripes = 8;    // threadIdx.y of the dweight/dbias kernel
 constexpr int kLayerNormParamRows = 256;     // rows per block of the dweight/dbias kernel
@@ -49,9 +49,9 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     // variance, from the centred values (two passes: no cancellation)
     float sum_sq = 0.0f;
     for (int c = lane_id; c < C; c += 32) sum_sq += (x[c] - m) * (x[c] - m);
-    const float s = rsqrtf(warp_reduce_sum(sum_sq) / (float)C + kLayerNormEpsilon);
+    const float s = layernorm_rstd(warp_reduce_sum(sum_sq), C);
     // normalise, then scale and shift
-    for (int c = lane_id; c < C; c += 32) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    for (int c = lane_id; c < C; c += 32) y[c] = layernorm_output(x[c], m, s, weight[c], bias[c]);
     // cache for backward
     if (lane_id == 0) {
         mean[n] = m;
@@ -74,18 +74,16 @@ __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, 
     // the two row means of the formula
     float dnorm_sum = 0.0f, dnorm_norm_sum = 0.0f;
     for (int c = lane_id; c < C; c += 32) {
-        const float norm = (x[c] - m) * s;
+        const float norm = layernorm_normalised(x[c], m, s);
         const float dnorm = weight[c] * dy[c];
         dnorm_sum += dnorm;
         dnorm_norm_sum += dnorm * norm;
     }
     const float dnorm_mean = warp_reduce_sum(dnorm_sum) / (float)C;
     const float dnorm_norm_mean = warp_reduce_sum(dnorm_norm_sum) / (float)C;
-    for (int c = lane_id; c < C; c += 32) {
-        const float norm = (x[c] - m) * s;
-        const float dnorm = weight[c] * dy[c];
-        dx[c] += s * (dnorm - dnorm_mean - norm * dnorm_norm_mean);
-    }
+    for (int c = lane_id; c < C; c += 32)
+        dx[c] += layernorm_input_gradient(layernorm_normalised(x[c], m, s), weight[c] * dy[c], s, dnorm_mean,
+                                          dnorm_norm_mean);
 }
 
 // dweight, dbias. Block (32, kLayerNormParamStripes): threadIdx.x picks the
@@ -103,7 +101,7 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
         for (int n = row_begin + (int)threadIdx.y; n < row_end; n += kLayerNormParamStripes) {
             const size_t i = (size_t)n * C + c;
             dbias_sum += dout[i];
-            dweight_sum += (inp[i] - mean[n]) * rstd[n] * dout[i];
+            dweight_sum += layernorm_normalised(inp[i], mean[n], rstd[n]) * dout[i];
         }
     }
     dweight_partial[threadIdx.y][threadIdx.x] = dweight_sum;
