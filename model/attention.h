@@ -13,7 +13,8 @@
 //
 // --attn-grad sampled replaces every backward by the randomised estimators of
 // §5, which estimate the gradient of EXACT attention (samples from the exact
-// row, or from lazy Gumbel on the top-k set).
+// row, or from lazy Gumbel on the top-k set); after an approximate forward
+// their Delta_i comes from its output, which shifts the dQ, dK means (§5.2).
 //
 // knn, knn-tail and kmv all produce key lists in one form, idx (B, NH, T, K)
 // with log-weights logw (B, NH, T, K), and share the sparse softmax kernel.

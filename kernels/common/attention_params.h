@@ -6,7 +6,7 @@
 //   AttnMode, AttnGrad  the forward estimator and the backward (--attn, --attn-grad)
 //   TopkIndex         which causal top-k search selects the keys (ALGORITHMS.md §6)
 //   LshParams         hyperplane LSH index: tables, bits, Philox site
-//   KmvParams         KDEformer-style heavy/light split (§7)
+//   KmvParams         the heavy/light split of kernel matrix-vector products (§7)
 //   GradSampleSource  where the sampled backward draws its keys (§5)
 //   AttnRequest       what a run needs of a backend's attention kernels
 #pragma once

@@ -39,9 +39,9 @@ KNNGPT_HD Philox4 philox4x32_10(Philox4 c, uint32_t k0, uint32_t k1) {
 }
 
 // Uniform in (0, 1) from one word: (w >> 9) 2^-23 + 2^-24, in [2^-24, 1 - 2^-24],
-// never 0 or 1, safe for log. (ALGORITHMS.md §9.3 writes (w >> 8) 2^-24 + 2^-25,
-// but its largest value, 1 - 2^-25, rounds to exactly 1.0f; 23 bits keep every
-// value representable.)
+// never 0 or 1, safe for log. (24 bits, (w >> 8) 2^-24 + 2^-25, would reach
+// 1 - 2^-25, which rounds to exactly 1.0f; 23 bits keep every value
+// representable; ALGORITHMS.md §9.3.)
 KNNGPT_HD float uniform_open01(uint32_t w) {
     return (float)(w >> 9) * (1.0f / 8388608.0f) + (1.0f / 16777216.0f);
 }

@@ -11,8 +11,9 @@
 //   dV_{J_t} += dO_i / s
 //   dQ_i     += tau/s sum_t (dO_i . v_{J_t} - Delta_i) k_{J_t}
 //   dK_{J_t} += tau/s (dO_i . v_{J_t} - Delta_i) q_i
-// Each term is unbiased for the exact gradient because Delta_i comes from the given
-// out, not from the samples (§5.2).
+// Delta_i comes from the given out, not from the samples, so each term is unbiased for
+// the exact gradient when out is exact attention's output; after an approximate
+// forward (out = O^), Delta_i = dO_i . O^_i shifts the dQ, dK means (§5.2).
 // Signed-start dV (§5.1, "signed start, one pass"), per column c of dO (x = dO[:, c]
 // over the T rows of one (b, h)): N = T s walks, each i ~ |x_i| / ||x||_1, J ~ P_i,
 //   est[J] += sign(x_i) ||x||_1 / N,       E[est] = P^T x.

@@ -19,7 +19,8 @@
 // Then Delta_i = dO_i . O_i (fp64, from the given out), and for each sample J = J_m:
 //     coef = tau (dO_i . v_J - Delta_i) / s
 //     dQ_i += coef k_J,   dK_J += coef q_i,   dV_J += dO_i / s   (row-wise dV)
-// Each term is unbiased for the exact gradient (§5.2).
+// Each term is unbiased for the exact gradient when out is exact attention's output;
+// after an approximate forward, Delta_i = dO_i . O^_i shifts the dQ, dK means (§5.2).
 //
 // Signed-start dV replaces dV_J += dO_i / s. Per column c of dO in (b, h), x_i = dO_ic:
 //   cdf_i = |x_0| + ... + |x_i|            fp64, summed in i order; l1 = cdf_{T-1}
