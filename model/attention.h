@@ -1,25 +1,27 @@
 // model/attention.h — AttnConfig and the dispatch over attention modes.
 //
-// The trainer's --attn* flags fill AttnConfig; the model calls
-// attention_forward / attention_backward below once per layer, and they pick
-// the backend ops for the configured mode (ALGORITHMS.md §9.1):
+// AttnConfig is the typed attention setting of a run; the trainer fills it from its
+// flags and checks which settings combine (train/attention_flags.h). The model
+// calls attention_layer_forward / attention_layer_backward below once per layer, and
+// they pick the backend ops for the configured mode (ALGORITHMS.md §9.1):
 //
-//   mode       forward                                   backward with --attn-grad exact
+//   mode       forward                                   backward with exact gradients
 //   exact      softmax over keys j <= i (flash style)    exact
 //   knn        softmax over the top-k keys (§2)          exact gradient of the top-k softmax (§2.3)
 //   knn-tail   top-k + m up-weighted tail samples (§3)   exact gradient with the samples fixed (§3.5)
-//   gumbel     median of means of lazy Gumbel samples    none: needs --attn-grad sampled
+//   gumbel     median of means of lazy Gumbel samples    none: needs sampled gradients
 //   kmv        heavy keys (LSH) + sampled light part (§7) exact gradient with the samples fixed
 //
-// --attn-grad sampled replaces every backward by the randomised estimators of
-// §5, which estimate the gradient of EXACT attention (samples from the exact
-// row, or from lazy Gumbel on the top-k set); after an approximate forward
-// their Delta_i comes from its output, which shifts the dQ, dK means (§5.2).
+// Sampled gradients replace every backward by the randomised estimators of §5,
+// which estimate the gradient of EXACT attention (samples from the exact row, or
+// from lazy Gumbel on the top-k set); after an approximate forward their Delta_i
+// comes from its output, which shifts the dQ, dK means (§5.2).
 //
 // knn, knn-tail and kmv all produce key lists in one form, idx (B, NH, T, K)
 // with log-weights logw (B, NH, T, K), and share the sparse softmax kernel.
 // Every random draw is a Philox function of (seed, step, layer, head, batch,
-// query, draw index), so the backward and another backend see the same samples.
+// query, draw index) (kernels/common/draws.h): the caller names the step of each
+// forward, and the layer's backward reuses it, so both see the same samples.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -34,17 +36,15 @@ enum class AttnGradSource { Auto, ExactRow, LazyGumbel };
 
 struct AttnConfig {
     AttnMode mode = AttnMode::Exact;
-    int k = 16;                      // --attn-k: nearest keys per query (kmv: heavy-key budget)
-    int tail = 0;                    // --attn-tail: m tail samples (knn-tail) or light samples (kmv)
-    ops::TopkIndex index = ops::TopkIndex::Brute;  // --attn-index
-    AttnGrad grad = AttnGrad::Exact;               // --attn-grad
-    int grad_samples = 16;                         // --attn-grad-samples
-    AttnGradSource grad_source = AttnGradSource::Auto;  // --attn-grad-source
-    bool grad_signed_dv = false;                   // --attn-grad-dv signed
-    int gumbel_groups = 3, gumbel_samples = 8;     // --attn-gumbel-groups, --attn-gumbel-samples
-    uint64_t seed = 0;                             // --attn-seed
-    // set by the caller before each forward: the Philox step counter
-    uint32_t step = 0;
+    int k = 16;     // nearest keys per query (kmv: the heavy-key budget)
+    int tail = 0;   // m: tail samples (knn-tail) or light samples (kmv) per query
+    ops::TopkIndex index = ops::TopkIndex::Brute;       // the top-k search
+    AttnGrad grad = AttnGrad::Exact;                    // exact or sampled gradients
+    int grad_samples = 16;                              // s: samples per query of the sampled gradients
+    AttnGradSource grad_source = AttnGradSource::Auto;  // where the sampled gradients draw from
+    bool grad_signed_dv = false;                        // signed-start dV instead of row-wise
+    int gumbel_groups = 3, gumbel_samples = 8;          // median-of-means groups x samples of gumbel
+    uint64_t seed = 0;                                  // key of every attention draw
 
     // slots per key list (0 when the mode keeps none)
     int list_size() const {
@@ -61,6 +61,8 @@ struct AttnConfig {
         if (grad_source == AttnGradSource::Auto) return mode != AttnMode::Exact;
         return grad_source == AttnGradSource::LazyGumbel;
     }
+    // does any pass search the top-k keys (the forward's lists, or the sampler's)?
+    bool uses_topk_index() const { return mode != AttnMode::Exact || sampled_from_lazy_gumbel(); }
 };
 
 inline const char* attn_mode_name(AttnMode m) {
@@ -80,64 +82,6 @@ inline const char* attn_index_name(ops::TopkIndex i) {
         case ops::TopkIndex::Lsh: return "lsh";
     }
     return "?";
-}
-
-inline AttnMode parse_attn_mode(const std::string& name) {
-    if (name == "exact") return AttnMode::Exact;
-    if (name == "knn") return AttnMode::Knn;
-    if (name == "knn-tail") return AttnMode::KnnTail;
-    if (name == "gumbel") return AttnMode::Gumbel;
-    if (name == "kmv") return AttnMode::Kmv;
-    throw std::runtime_error("--attn: unknown attention mode '" + name + "' (known: exact, knn, knn-tail, gumbel, kmv)");
-}
-inline ops::TopkIndex parse_attn_index(const std::string& name) {
-    if (name == "brute") return ops::TopkIndex::Brute;
-    if (name == "block") return ops::TopkIndex::Block;
-    if (name == "lsh") return ops::TopkIndex::Lsh;
-    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh)");
-}
-inline AttnGrad parse_attn_grad(const std::string& name) {
-    if (name == "exact") return AttnGrad::Exact;
-    if (name == "sampled") return AttnGrad::Sampled;
-    throw std::runtime_error("--attn-grad: unknown gradient mode '" + name + "' (known: exact, sampled)");
-}
-inline AttnGradSource parse_attn_grad_source(const std::string& name) {
-    if (name == "auto") return AttnGradSource::Auto;
-    if (name == "exact-row") return AttnGradSource::ExactRow;
-    if (name == "lazy-gumbel") return AttnGradSource::LazyGumbel;
-    throw std::runtime_error("--attn-grad-source: unknown source '" + name + "' (known: auto, exact-row, lazy-gumbel)");
-}
-
-// Checks a configuration; throws one line naming the bad setting.
-inline void validate_attn_config(const AttnConfig& a) {
-    if (a.k < 1) throw std::runtime_error("--attn-k must be >= 1, got " + std::to_string(a.k));
-    if (a.tail < 0) throw std::runtime_error("--attn-tail must be >= 0, got " + std::to_string(a.tail));
-    if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv)
-        throw std::runtime_error(std::string("--attn-tail needs --attn knn-tail or kmv (the mode is ") +
-                                 attn_mode_name(a.mode) + ")");
-    if (a.mode == AttnMode::Kmv && a.tail < 1)
-        throw std::runtime_error("--attn kmv needs --attn-tail >= 1 light samples per query");
-    if (a.grad_samples < 1)
-        throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
-    if (a.gumbel_groups < 1 || a.gumbel_samples < 1)
-        throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
-    // lazy Gumbel is exact only when the top-k set really is the top k (ALGORITHMS.md §4.3):
-    // the approximate lsh index may miss keys, and the widened threshold is not implemented
-    if (a.index == ops::TopkIndex::Lsh && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
-        throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index brute or block), "
-                                 "not lsh");
-    if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
-        throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
-    // what this build's kernels cover (the CPU backend: everything)
-    AttnRequest request;
-    request.mode = a.mode;
-    request.index = a.index;
-    request.grad = a.grad;
-    request.lazy_gumbel_grad = a.sampled_from_lazy_gumbel();
-    request.signed_dv = a.grad_signed_dv;
-    request.gumbel_groups = a.mode == AttnMode::Gumbel ? a.gumbel_groups : 0;
-    std::string unsupported = ops::attention_unsupported(request);
-    if (!unsupported.empty()) throw std::runtime_error(unsupported);
 }
 
 // One line for run headers and logs.
@@ -180,43 +124,57 @@ inline void topk_from_lists(int* topk, int k, const int* lists, int K, size_t ro
     ops::copy_columns(topk, k, lists, K, k, rows);
 }
 
-inline ops::LshParams lsh_params(const AttnConfig& a, int layer) {
+// One layer's attention call: the configuration, the Philox step of this forward
+// (the backward of the same layer gets the same), the layer, its saved key lists
+// and the scratch shared by the layers.
+struct AttnLayerCall {
+    const AttnConfig& config;
+    uint32_t draw_step;
+    int layer;
+    AttnLayerState state;
+    AttnScratch scratch;
+};
+
+inline ops::LshParams lsh_params(const AttnLayerCall& call) {
     ops::LshParams p;
-    p.seed = a.seed;
-    p.step = a.step;
-    p.layer = layer;
+    p.seed = call.config.seed;
+    p.step = call.draw_step;
+    p.layer = call.layer;
     return p;
 }
 
 // out (B, T, C), lse (B, NH, T), qkv (B, T, 3C).
-inline void attention_forward(const AttnConfig& a, const AttnLayerState& st, const AttnScratch& scratch, float* out, float* lse, const float* qkv,
-                              int B, int T, int C, int NH, int layer) {
+inline void attention_layer_forward(const AttnLayerCall& call, float* out, float* lse, const float* qkv, int B, int T,
+                                    int C, int NH) {
+    const AttnConfig& a = call.config;
+    const AttnLayerState& st = call.state;
+    const int layer = call.layer;
     switch (a.mode) {
         case AttnMode::Exact:
             ops::attention_forward(out, lse, qkv, B, T, C, NH);
             return;
         case AttnMode::Knn:
-            ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(a, layer));
+            ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
             ops::sparse_attention_forward(out, lse, qkv, st.idx, nullptr, B, T, C, NH, st.K);
             return;
         case AttnMode::KnnTail: {
             // top-k into the first k slots of each (k + m)-slot list, then the tail samples
-            ops::causal_topk(scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(a, layer));
-            topk_into_lists(st.idx, st.K, scratch.topk, a.k, (size_t)B * NH * T);
-            ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.k, a.tail, false, a.seed, a.step, layer);
+            ops::causal_topk(call.scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
+            topk_into_lists(st.idx, st.K, call.scratch.topk, a.k, (size_t)B * NH * T);
+            ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.k, a.tail, false, a.seed, call.draw_step, layer);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, st.logw, B, T, C, NH, st.K);
             return;
         }
         case AttnMode::Gumbel:
-            ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(a, layer));
+            ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
             ops::gumbel_attention_forward(out, qkv, st.idx, B, T, C, NH, a.k, a.gumbel_groups, a.gumbel_samples,
-                                          a.seed, a.step, layer);
+                                          a.seed, call.draw_step, layer);
             return;
         case AttnMode::Kmv: {
             ops::KmvParams p;
             p.light_samples = a.tail;
             p.seed = a.seed;
-            p.step = a.step;
+            p.step = call.draw_step;
             p.layer = layer;
             ops::kmv_select_keys(st.idx, st.logw, qkv, B, T, C, NH, st.K, p);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, st.logw, B, T, C, NH, st.K);
@@ -226,25 +184,26 @@ inline void attention_forward(const AttnConfig& a, const AttnLayerState& st, con
 }
 
 // dqkv (B, T, 3C) +=, given dout (B, T, C) and the forward's out, lse, lists.
-inline void attention_backward(const AttnConfig& a, const AttnLayerState& st, const AttnScratch& scratch, float* dqkv,
-                               const float* dout, const float* qkv, const float* out, const float* lse, int B, int T,
-                               int C, int NH, int layer) {
+inline void attention_layer_backward(const AttnLayerCall& call, float* dqkv, const float* dout, const float* qkv,
+                                     const float* out, const float* lse, int B, int T, int C, int NH) {
+    const AttnConfig& a = call.config;
+    const AttnLayerState& st = call.state;
     if (a.grad == AttnGrad::Sampled) {
         const int* topk = nullptr;
         if (a.sampled_from_lazy_gumbel()) {
             if (a.mode == AttnMode::Knn || a.mode == AttnMode::Gumbel) {
                 topk = st.idx;  // the lists are the top-k
             } else if (a.mode == AttnMode::KnnTail) {
-                topk_from_lists(scratch.topk, a.k, st.idx, st.K, (size_t)B * NH * T);
-                topk = scratch.topk;
+                topk_from_lists(call.scratch.topk, a.k, st.idx, st.K, (size_t)B * NH * T);
+                topk = call.scratch.topk;
             } else {  // exact or kmv forward: find the top-k for the sampler
-                ops::causal_topk(scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(a, layer));
-                topk = scratch.topk;
+                ops::causal_topk(call.scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
+                topk = call.scratch.topk;
             }
         }
         ops::sampled_attention_backward(dqkv, dout, qkv, out, topk, a.k, B, T, C, NH, a.grad_samples,
                                         topk ? ops::GradSampleSource::LazyGumbel : ops::GradSampleSource::ExactRow,
-                                        a.grad_signed_dv, a.seed, a.step, layer);
+                                        a.grad_signed_dv, a.seed, call.draw_step, call.layer);
         return;
     }
     switch (a.mode) {
@@ -259,7 +218,7 @@ inline void attention_backward(const AttnConfig& a, const AttnLayerState& st, co
             ops::sparse_attention_backward(dqkv, dout, qkv, out, lse, st.idx, st.logw, B, T, C, NH, st.K);
             return;
         case AttnMode::Gumbel:
-            throw std::runtime_error("attention_backward: gumbel needs --attn-grad sampled");
+            throw std::invalid_argument("attention_layer_backward: gumbel attention has no exact gradient");
     }
 }
 

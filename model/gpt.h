@@ -252,6 +252,7 @@ struct GPT {
     int* inputs = nullptr;   // (B, T) device
     int* targets = nullptr;  // (B, T) device
     int cur_B = 0, cur_T = 0;       // shape of the last forward
+    uint32_t draw_step = 0;         // Philox step of the last forward's attention draws
     bool have_targets = false;      // did the last forward compute the loss?
     float mean_loss = -1.0f;        // mean loss of the last forward with targets
     // A fused forward (gpt_forward with fused_dloss > 0) writes dlogits over the
@@ -273,10 +274,13 @@ struct GPT {
 };
 
 // Sets the attention configuration, growing the per-layer key lists and the
-// top-k scratch when the mode needs more than is allocated. Throws one line on
-// an invalid configuration.
+// top-k scratch when the mode needs more than is allocated. Which settings
+// combine is the caller's check (the trainer's: train/attention_flags.h); here
+// only counts that would make the buffers meaningless are refused.
 inline void gpt_set_attention(GPT& model, const AttnConfig& attn) {
-    validate_attn_config(attn);
+    if (attn.k < 1 || attn.tail < 0 || attn.grad_samples < 1 || attn.gumbel_groups < 1 || attn.gumbel_samples < 1)
+        throw std::invalid_argument("gpt_set_attention: k, grad_samples, gumbel groups and samples must be >= 1 and "
+                                    "tail >= 0");
     const size_t rows = (size_t)model.B * model.config.num_heads * model.T;  // (B, NH, T) per layer
     const int K = attn.list_size();
     if (K > model.attn_list_capacity) {
@@ -306,6 +310,11 @@ inline AttnLayerState attn_layer_state(const GPT& model, int l) {
     st.idx = model.attn_idx_memory + l * per_layer;
     st.logw = model.attn_logw_memory + l * per_layer;
     return st;
+}
+
+// Layer l's attention call at the step of the last forward.
+inline AttnLayerCall attn_layer_call(const GPT& model, int l) {
+    return AttnLayerCall{model.attn, model.draw_step, l, attn_layer_state(model, l), AttnScratch{model.attn_topk_scratch}};
 }
 
 // Builds the model from host parameters (llm.c order) and allocates
@@ -369,7 +378,10 @@ inline std::vector<float> gpt_host_parameters(const GPT& model) {
 // Forward pass over inputs (B, T) of host token ids. With targets (B, T) it
 // also computes the per-token losses and their mean (model.mean_loss); with
 // targets == nullptr only the logits. B and T may be smaller than the
-// allocated batch (used for sampling).
+// allocated batch (used for sampling). draw_step is the Philox step of the
+// attention's random draws (kernels/common/draws.h: training, sampling and
+// evaluation steps live in separate ranges); the backward of this forward
+// draws at the same step.
 //
 // fused_dloss > 0 (with targets) fuses the classifier's backward into the
 // forward, as the training step does: one pass per row writes the losses and
@@ -378,7 +390,7 @@ inline std::vector<float> gpt_host_parameters(const GPT& model) {
 // gpt_logits_at refuses to read them. The losses and mean_loss are the same
 // as without fusing. Evaluation and sampling leave it at 0.
 inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targets, int B, int T,
-                        float fused_dloss = 0.0f) {
+                        uint32_t draw_step, float fused_dloss = 0.0f) {
     const GPTConfig& cfg = model.config;
     if (B < 1 || B > model.B || T < 1 || T > model.T)
         throw std::runtime_error("forward: batch (" + std::to_string(B) + ", " + std::to_string(T) +
@@ -392,6 +404,7 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
     }
     model.cur_B = B;
     model.cur_T = T;
+    model.draw_step = draw_step;
     model.have_targets = host_targets != nullptr;
     model.dlogits_ready = false;  // set again below by a fused forward
     model.fused_dloss = 0.0f;
@@ -410,8 +423,7 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
         LayerActivations la = layer_activations(a, l, BTa, C, NH);
         ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C);
         ops::matmul_forward(la.qkv, la.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, N, C, 3 * C);
-        attention_forward(model.attn, attn_layer_state(model, l), AttnScratch{model.attn_topk_scratch}, la.atty,
-                          la.att_lse, la.qkv, B, T, C, NH, l);
+        attention_layer_forward(attn_layer_call(model, l), la.atty, la.att_lse, la.qkv, B, T, C, NH);
         ops::matmul_forward(la.attproj, la.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, N, C, C);
         ops::residual_forward(la.residual2, residual, la.attproj, (size_t)N * C);
         ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);
@@ -516,8 +528,7 @@ inline void gpt_backward(GPT& model, float dloss) {
         ops::matmul_backward(ga.atty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, dattproj, la.atty,
                              p.attprojw + (size_t)l * C * C, N, C, C);
         ops::device_zero(ga.qkv, (size_t)N * 3 * C * sizeof(float));
-        attention_backward(model.attn, attn_layer_state(model, l), AttnScratch{model.attn_topk_scratch}, ga.qkv,
-                           ga.atty, la.qkv, la.atty, la.att_lse, B, T, C, NH, l);
+        attention_layer_backward(attn_layer_call(model, l), ga.qkv, ga.atty, la.qkv, la.atty, la.att_lse, B, T, C, NH);
         ops::device_zero(ga.ln, (size_t)N * C * sizeof(float));
         ops::matmul_backward(ga.ln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, ga.qkv, la.ln1,
                              p.qkvw + (size_t)l * 3 * C * C, N, C, 3 * C);

@@ -89,7 +89,7 @@ TEST_F(ModelVsPyTorch, LogitsAndLossMatch) {
     GPT model;
     build(model, "model.bin");
     auto inputs = as_ints(expected.at("inputs")), targets = as_ints(expected.at("targets"));
-    gpt_forward(model, inputs.data(), targets.data(), B, T);
+    gpt_forward(model, inputs.data(), targets.data(), B, T, 0);
     // compare the first V of each Vp logits
     std::vector<float> logits((size_t)B * T * V);
     std::vector<float> row(Vp);
@@ -107,7 +107,7 @@ TEST_F(ModelVsPyTorch, EveryParameterGradientMatches) {
     build(model, "model.bin");
     auto inputs = as_ints(expected.at("inputs")), targets = as_ints(expected.at("targets"));
     gpt_zero_grad(model);
-    gpt_forward(model, inputs.data(), targets.data(), B, T);
+    gpt_forward(model, inputs.data(), targets.data(), B, T, 0);
     gpt_backward(model, 1.0f / (B * T));
     std::vector<float> grads(model.num_parameters);
     ops::copy_to_host(grads.data(), model.grads_memory, grads.size() * sizeof(float));
@@ -135,7 +135,7 @@ TEST_F(ModelVsPyTorch, TenAdamWStepsMatchLossesNormsAndParameters) {
     const auto& norms = expected.at("adamw_grad_norms").data;
     for (int step = 0; step < 10; step++) {
         gpt_zero_grad(model);
-        gpt_forward(model, inputs.data(), targets.data(), B, T);
+        gpt_forward(model, inputs.data(), targets.data(), B, T, 0);
         gpt_backward(model, 1.0f / (B * T));
         float norm = gpt_update(model, 1e-2f, opt, step + 1);
         EXPECT_NEAR(model.mean_loss, losses[step], FP32_TOL * losses[step]) << "step " << step;
@@ -306,7 +306,7 @@ TEST(Model, ForwardRejectsTooLongSequencesAndBadTokens) {
     gpt_build(model, c, gpt_random_init(c, 1), 2, 8);
     std::vector<int> tokens(16, 1);
     tokens[3] = 30;  // == V
-    EXPECT_THROW(gpt_forward(model, tokens.data(), nullptr, 2, 8), std::runtime_error);
+    EXPECT_THROW(gpt_forward(model, tokens.data(), nullptr, 2, 8, 0), std::runtime_error);
 }
 
 TEST(Model, CausalityLaterTokensDoNotChangeEarlierLogits) {
@@ -316,9 +316,9 @@ TEST(Model, CausalityLaterTokensDoNotChangeEarlierLogits) {
     std::vector<int> a = {1, 2, 3, 4, 5, 6, 7, 8}, b = {1, 2, 3, 4, 9, 9, 9, 9};
     std::vector<float> la(c.padded_vocab_size), lb(c.padded_vocab_size);
     for (int t = 0; t < 4; t++) {
-        gpt_forward(model, a.data(), nullptr, 1, 8);
+        gpt_forward(model, a.data(), nullptr, 1, 8, 0);
         gpt_logits_at(model, 0, t, la.data());
-        gpt_forward(model, b.data(), nullptr, 1, 8);
+        gpt_forward(model, b.data(), nullptr, 1, 8, 0);
         gpt_logits_at(model, 0, t, lb.data());
         EXPECT_EQ(la, lb) << "position " << t;
     }
@@ -334,11 +334,11 @@ TEST(Model, GradientAccumulationEqualsOneBigBatch) {
     gpt_build(big, c, init, 4, 8);
     gpt_build(small, c, init, 2, 8);
     gpt_zero_grad(big);
-    gpt_forward(big, in.data(), tg.data(), 4, 8);
+    gpt_forward(big, in.data(), tg.data(), 4, 8, 0);
     gpt_backward(big, 1.0f / 32);
     gpt_zero_grad(small);
     for (int micro = 0; micro < 2; micro++) {
-        gpt_forward(small, in.data() + micro * 16, tg.data() + micro * 16, 2, 8);
+        gpt_forward(small, in.data() + micro * 16, tg.data() + micro * 16, 2, 8, 0);
         gpt_backward(small, 1.0f / 32);
     }
     std::vector<float> gb(big.num_parameters), gs(small.num_parameters);
@@ -358,10 +358,10 @@ TEST(Model, FusedClassifierGivesTheSameLossAndGradients) {
     gpt_build(plain, c, init, 2, 8);
     gpt_build(fused, c, init, 2, 8);
     gpt_zero_grad(plain);
-    gpt_forward(plain, in.data(), tg.data(), 2, 8);
+    gpt_forward(plain, in.data(), tg.data(), 2, 8, 0);
     gpt_backward(plain, dloss);
     gpt_zero_grad(fused);
-    gpt_forward(fused, in.data(), tg.data(), 2, 8, dloss);
+    gpt_forward(fused, in.data(), tg.data(), 2, 8, 0, dloss);
     EXPECT_TRUE(fused.dlogits_ready);
     gpt_backward(fused, dloss);
     EXPECT_EQ(fused.mean_loss, plain.mean_loss);
@@ -376,11 +376,11 @@ TEST(Model, FusedClassifierGivesTheSameLossAndGradients) {
     EXPECT_THROW(gpt_logits_at(fused, 0, 0, logits.data()), std::runtime_error);
 
     // the backward must get the dloss the forward fused
-    gpt_forward(fused, in.data(), tg.data(), 2, 8, dloss);
+    gpt_forward(fused, in.data(), tg.data(), 2, 8, 0, dloss);
     EXPECT_THROW(gpt_backward(fused, 2.0f * dloss), std::runtime_error);
 
     // a later plain forward resets it: logits readable, any dloss accepted
-    gpt_forward(fused, in.data(), tg.data(), 2, 8);
+    gpt_forward(fused, in.data(), tg.data(), 2, 8, 0);
     EXPECT_FALSE(fused.dlogits_ready);
     EXPECT_NO_THROW(gpt_logits_at(fused, 0, 0, logits.data()));
     EXPECT_NO_THROW(gpt_backward(fused, 2.0f * dloss));

@@ -112,13 +112,12 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const std::vector<float
     const int K = std::max(cfg.list_size(), 1);
     std::vector<int> idx(rows * K), topk(rows * std::max(cfg.k, 1));
     std::vector<float> logw(rows * K), out((size_t)T * C), lse(rows), dout((size_t)T * C), dqkv(in.qkv.size());
-    AttnLayerState st{idx.data(), logw.data(), cfg.list_size()};
-    AttnScratch scratch{topk.data()};
+    const AttnLayerCall call{cfg, 0, 0, AttnLayerState{idx.data(), logw.data(), cfg.list_size()},
+                             AttnScratch{topk.data()}};
     Rng rng(7);
     for (float& x : dout) x = 2.0f * rng.uniform() - 1.0f;
     Result r;
-    r.fwd_ms = time_ms([&] { attention_forward(cfg, st, scratch, out.data(), lse.data(), in.qkv.data(), B, T, C, NH, 0); },
-                       reps);
+    r.fwd_ms = time_ms([&] { attention_layer_forward(call, out.data(), lse.data(), in.qkv.data(), B, T, C, NH); }, reps);
     double sum = 0;
     for (size_t i = 0; i < out.size(); i++) {
         double e = std::fabs((double)out[i] - exact_out[i]);
@@ -129,9 +128,9 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const std::vector<float
     if (cfg.mode != AttnMode::Gumbel || cfg.grad == AttnGrad::Sampled)
         r.fwdbwd_ms = time_ms(
             [&] {
-                attention_forward(cfg, st, scratch, out.data(), lse.data(), in.qkv.data(), B, T, C, NH, 0);
-                attention_backward(cfg, st, scratch, dqkv.data(), dout.data(), in.qkv.data(), out.data(), lse.data(), B,
-                                   T, C, NH, 0);
+                attention_layer_forward(call, out.data(), lse.data(), in.qkv.data(), B, T, C, NH);
+                attention_layer_backward(call, dqkv.data(), dout.data(), in.qkv.data(), out.data(), lse.data(), B, T, C,
+                                         NH);
             },
             reps);
     return r;
@@ -276,9 +275,9 @@ int main(int argc, char** argv) {
         c.mode = AttnMode::Knn, c.k = 3, c.index = ops::TopkIndex::Brute;
         std::vector<int> idx((size_t)NH * n * 3), topk(idx.size());
         std::vector<float> logw(idx.size());
-        AttnLayerState st{idx.data(), logw.data(), 3};
+        const AttnLayerCall call{c, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
         double knn_ms = time_ms(
-            [&] { attention_forward(c, st, AttnScratch{topk.data()}, knn_out.data(), lse.data(), in.qkv.data(), 1, n, in.C, NH, 0); }, 1);
+            [&] { attention_layer_forward(call, knn_out.data(), lse.data(), in.qkv.data(), 1, n, in.C, NH); }, 1);
         double err = 0, max_err = 0;
         for (size_t i = 0; i < knn_out.size(); i++) {
             double e = std::fabs((double)knn_out[i] - exact_out[i]);

@@ -29,6 +29,7 @@
 #include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "model/lr_schedule.h"
+#include "train/attention_flags.h"
 
 using namespace knngpt;
 
@@ -62,18 +63,7 @@ struct Options {
     int shuffle = 0;                     // --shuffle
     int layers = -1, heads = -1, channels = -1, max_seq_len = -1, vocab = -1;  // shape flags
     std::string tokenizer;               // --tokenizer
-    std::string attn = "exact";          // --attn
-    int attn_k = 16;                     // --attn-k
-    int attn_tail = 0;                   // --attn-tail
-    std::string attn_index = "brute";    // --attn-index
-    std::string attn_grad = "exact";     // --attn-grad
-    int attn_grad_samples = 16;          // --attn-grad-samples
-    std::string attn_grad_source = "auto";  // --attn-grad-source
-    std::string attn_grad_dv = "rowwise";   // --attn-grad-dv
-    int attn_gumbel_groups = 3;          // --attn-gumbel-groups
-    int attn_gumbel_samples = 8;         // --attn-gumbel-samples
-    uint64_t attn_seed = 0;              // --attn-seed
-    std::string attn_eval;               // --attn-eval
+    AttnFlags attn;                      // --attn*: train/attention_flags.h
 };
 
 #if defined(KNNGPT_CUDA)
@@ -186,14 +176,14 @@ static Options parse_args(int argc, char** argv) {
         {"--grad-clip", real(&o.grad_clip)}, {"--shuffle", integer(&o.shuffle)},
         {"--layers", integer(&o.layers)}, {"--heads", integer(&o.heads)}, {"--channels", integer(&o.channels)},
         {"--max-seq-len", integer(&o.max_seq_len)}, {"--vocab", integer(&o.vocab)},
-        {"--tokenizer", text(&o.tokenizer)}, {"--attn", text(&o.attn)}, {"--attn-k", integer(&o.attn_k)},
-        {"--attn-tail", integer(&o.attn_tail)}, {"--attn-index", text(&o.attn_index)},
-        {"--attn-grad", text(&o.attn_grad)}, {"--attn-grad-samples", integer(&o.attn_grad_samples)},
-        {"--attn-grad-source", text(&o.attn_grad_source)}, {"--attn-grad-dv", text(&o.attn_grad_dv)},
-        {"--attn-gumbel-groups", integer(&o.attn_gumbel_groups)},
-        {"--attn-gumbel-samples", integer(&o.attn_gumbel_samples)},
-        {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn_seed = (uint64_t)parse_long(f, v); }},
-        {"--attn-eval", text(&o.attn_eval)},
+        {"--tokenizer", text(&o.tokenizer)}, {"--attn", text(&o.attn.mode)}, {"--attn-k", integer(&o.attn.k)},
+        {"--attn-tail", integer(&o.attn.tail)}, {"--attn-index", text(&o.attn.index)},
+        {"--attn-grad", text(&o.attn.grad)}, {"--attn-grad-samples", integer(&o.attn.grad_samples)},
+        {"--attn-grad-source", text(&o.attn.grad_source)}, {"--attn-grad-dv", text(&o.attn.grad_dv)},
+        {"--attn-gumbel-groups", integer(&o.attn.gumbel_groups)},
+        {"--attn-gumbel-samples", integer(&o.attn.gumbel_samples)},
+        {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn.seed = (uint64_t)parse_long(f, v); }},
+        {"--attn-eval", text(&o.attn.eval)},
     };
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
@@ -334,8 +324,7 @@ static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_to
     for (int i = 0; i < n_tokens; i++) {
         int ctx = std::min((int)tokens.size(), model.T);  // sliding window over the last T tokens
         const int* window = tokens.data() + tokens.size() - ctx;
-        model.attn.step = sampling_draw_step(i);
-        gpt_forward(model, window, nullptr, 1, ctx);
+        gpt_forward(model, window, nullptr, 1, ctx, sampling_draw_step(i));
         gpt_logits_at(model, 0, ctx - 1, logits.data());
         double mx = logits[0], sum = 0.0;
         for (int v = 1; v < c.vocab_size; v++) mx = std::max(mx, (double)logits[v]);
@@ -361,8 +350,7 @@ static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vec
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         loader.next_batch(inputs.data(), targets.data());
-        model.attn.step = evaluation_draw_step(i);
-        gpt_forward(model, inputs.data(), targets.data(), model.B, model.T);
+        gpt_forward(model, inputs.data(), targets.data(), model.B, model.T, evaluation_draw_step(i));
         sum += model.mean_loss;
     }
     return n > 0 ? sum / n : NAN;
@@ -377,67 +365,12 @@ static std::string format_duration(double seconds) {
     return buf;
 }
 
-// The attention settings of the flags.
-static AttnConfig attn_config_from(const Options& o) {
-    AttnConfig a;
-    a.mode = parse_attn_mode(o.attn);
-    a.k = o.attn_k;
-    a.tail = o.attn_tail;
-    a.index = parse_attn_index(o.attn_index);
-    a.grad = parse_attn_grad(o.attn_grad);
-    a.grad_samples = o.attn_grad_samples;
-    a.grad_source = parse_attn_grad_source(o.attn_grad_source);
-    if (o.attn_grad_dv != "rowwise" && o.attn_grad_dv != "signed")
-        throw std::runtime_error("--attn-grad-dv: unknown estimator '" + o.attn_grad_dv + "' (known: rowwise, signed)");
-    a.grad_signed_dv = o.attn_grad_dv == "signed";
-    a.gumbel_groups = o.attn_gumbel_groups;
-    a.gumbel_samples = o.attn_gumbel_samples;
-    a.seed = o.attn_seed;
-    validate_attn_config(a);
-    return a;
-}
-
-// --attn-eval: MODE[:k=K][:m=M][:index=I], comma separated; unspecified
-// fields come from the training settings. (The forward only: the gradient
-// settings do not matter for a validation loss.)
-static std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std::string& list, const AttnConfig& base) {
-    std::vector<std::pair<std::string, AttnConfig>> out;
-    size_t start = 0;
-    while (start <= list.size() && !list.empty()) {
-        size_t comma = list.find(',', start);
-        std::string spec = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-        start = comma == std::string::npos ? list.size() + 1 : comma + 1;
-        if (spec.empty()) throw std::runtime_error("--attn-eval: empty entry in '" + list + "'");
-        AttnConfig a = base;
-        a.grad = AttnGrad::Exact;
-        size_t colon = spec.find(':');
-        a.mode = parse_attn_mode(spec.substr(0, colon));
-        if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
-        if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
-        while (colon != std::string::npos) {
-            size_t next = spec.find(':', colon + 1);
-            std::string field = spec.substr(colon + 1, next == std::string::npos ? std::string::npos : next - colon - 1);
-            colon = next;
-            size_t eq = field.find('=');
-            if (eq == std::string::npos) throw std::runtime_error("--attn-eval: expected key=value in '" + field + "'");
-            std::string key = field.substr(0, eq), value = field.substr(eq + 1);
-            if (key == "k") a.k = (int)parse_long("--attn-eval k", value.c_str());
-            else if (key == "m") a.tail = (int)parse_long("--attn-eval m", value.c_str());
-            else if (key == "index") a.index = parse_attn_index(value);
-            else throw std::runtime_error("--attn-eval: unknown field '" + key + "' (known: k, m, index)");
-        }
-        validate_attn_config(a);
-        out.push_back({spec, a});
-    }
-    return out;
-}
-
 static int run(const Options& o) {
     using clock = std::chrono::steady_clock;
     // ---- everything that can fail on bad input happens before anything is written
     LrSchedule schedule = parse_lr_schedule(o.schedule);
-    AttnConfig attn = attn_config_from(o);
-    auto eval_attns = parse_attn_eval(o.attn_eval, attn);
+    AttnConfig attn = attn_config_from_flags(o.attn);
+    auto eval_attns = parse_attn_eval(o.attn.eval, attn);
 
     int resume_step = -1;
     if (o.resume) {
@@ -587,10 +520,10 @@ static int run(const Options& o) {
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
-            model.attn.step = training_draw_step(step, accum_steps, micro);
             // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
             const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps);
-            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, dloss);
+            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, training_draw_step(step, accum_steps, micro),
+                        dloss);
             gpt_backward(model, dloss);
             loss_sum += model.mean_loss;
         }

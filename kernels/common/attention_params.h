@@ -8,7 +8,7 @@
 //   LshParams         hyperplane LSH index: tables, bits, Philox site
 //   KmvParams         the heavy/light split of kernel matrix-vector products (§7)
 //   GradSampleSource  where the sampled backward draws its keys (§5)
-//   AttnRequest       what a run needs of a backend's attention kernels
+//   AttnCapabilities  what a backend's attention kernels cover
 #pragma once
 #include <cstdint>
 
@@ -39,15 +39,14 @@ struct KmvParams {
 
 enum class GradSampleSource { ExactRow, LazyGumbel };
 
-// What a run asks of the backend's attention kernels, checked before it starts
-// (ops::attention_unsupported): the parts of AttnConfig a backend may lack.
-struct AttnRequest {
-    AttnMode mode = AttnMode::Exact;
-    TopkIndex index = TopkIndex::Brute;
-    AttnGrad grad = AttnGrad::Exact;
-    bool lazy_gumbel_grad = false;  // sampled backward drawing lazy Gumbel samples from top-k lists
-    bool signed_dv = false;         // --attn-grad-dv signed
-    int gumbel_groups = 0;          // --attn-gumbel-groups of a gumbel forward
+// What a backend's attention kernels cover (ops::attention_capabilities()); the
+// trainer checks a run's settings against it before anything starts. Every mode,
+// gradient and dV estimator not named here has kernels in every backend.
+struct AttnCapabilities {
+    const char* build = "";           // the build, as messages name it
+    bool kmv = true;                  // the kmv forward
+    bool lsh_index = true;            // the approximate lsh top-k index
+    int max_gumbel_groups = 1 << 30;  // median-of-means groups of the gumbel forward
 };
 
 }  // namespace knngpt

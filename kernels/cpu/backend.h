@@ -59,8 +59,8 @@ inline void unregister_parameters(const float*) {}
 // Peak FLOP/s the MFU figure is measured against; 0: unknown, no MFU printed.
 inline double device_peak_flops() { return 0.0; }
 
-// Every attention mode, index and gradient has a CPU kernel: nothing to refuse.
-inline std::string attention_unsupported(const AttnRequest&) { return ""; }
+// Every attention mode, index and gradient has a CPU kernel.
+inline AttnCapabilities attention_capabilities() { return AttnCapabilities{"train_gpt_cpu"}; }
 
 // Waits for the device's queued work (timing); the CPU's ops are synchronous.
 inline void device_synchronize() {}

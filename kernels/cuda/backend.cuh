@@ -21,7 +21,7 @@
 // lazy Gumbel median of means), and the sampled backward with samples from the
 // exact row or from lazy Gumbel on the top-k lists (row-wise or signed-start dV)
 // have CUDA kernels. The lsh index and kmv exist on the CPU only;
-// attention_unsupported() names what is missing, so a run asking for them stops
+// attention_capabilities() says so, and the trainer stops a run asking for them
 // at start-up with one line.
 #pragma once
 #include <cstddef>
@@ -125,18 +125,15 @@ inline double device_peak_flops() {
 
 // ---- attention ops without a CUDA kernel yet ---------------------------------
 
-// One line naming what this build cannot run, or "" when it can. A
-// lazy-Gumbel sampled backward needs top-k lists, so the index matters for it
-// even after an exact forward.
-inline std::string attention_unsupported(const AttnRequest& r) {
-    const std::string build = " is not available in the CUDA build yet (train_gpt_cpu has it)";
-    if (r.mode == AttnMode::Kmv) return "--attn kmv" + build;
-    if ((r.mode != AttnMode::Exact || r.lazy_gumbel_grad) && r.index == TopkIndex::Lsh)
-        return "--attn-index lsh" + build;
-    if (r.mode == AttnMode::Gumbel && r.gumbel_groups > kGumbelMaxGroups)
-        return "--attn-gumbel-groups " + std::to_string(r.gumbel_groups) + ": the CUDA build takes at most " +
-               std::to_string(kGumbelMaxGroups);
-    return "";
+// What this build's attention kernels cover: no lsh index and no kmv yet, and
+// at most kGumbelMaxGroups median-of-means groups.
+inline AttnCapabilities attention_capabilities() {
+    AttnCapabilities c;
+    c.build = "the CUDA build";
+    c.kmv = false;
+    c.lsh_index = false;
+    c.max_gumbel_groups = kGumbelMaxGroups;
+    return c;
 }
 
 inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -145,21 +142,14 @@ inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 // pruning is a CPU speed-up), so here the brute-force kernel computes both.
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
-    if (index == TopkIndex::Lsh) {
-        AttnRequest r;
-        r.mode = AttnMode::Knn;
-        r.index = index;
-        throw std::runtime_error(attention_unsupported(r));
-    }
+    if (index == TopkIndex::Lsh) throw std::runtime_error("causal_topk: the lsh index has no CUDA kernel yet");
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
-// kmv is refused by attention_unsupported() before a run starts; this definition
+// kmv is refused before a run starts (attention_capabilities); this definition
 // only lets the shared dispatch in model/attention.h compile.
 inline void kmv_select_keys(int*, float*, const float*, int, int, int, int, int, const KmvParams&) {
-    AttnRequest r;
-    r.mode = AttnMode::Kmv;
-    throw std::runtime_error(attention_unsupported(r));
+    throw std::runtime_error("kmv_select_keys: kmv has no CUDA kernel yet");
 }
 
 }  // namespace knngpt::cuda

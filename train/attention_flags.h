@@ -1,0 +1,160 @@
+// train/attention_flags.h — the trainer's --attn* flags: their values as typed
+// settings (model/attention.h's AttnConfig), the checks of which settings combine
+// and which this build's kernels have, each failing with one line that names the
+// flag, and the --attn-eval list.
+#pragma once
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/attention.h"
+
+namespace knngpt {
+
+// The attention flags as given on the command line (defaults as in --help).
+struct AttnFlags {
+    std::string mode = "exact";          // --attn
+    int k = 16;                          // --attn-k
+    int tail = 0;                        // --attn-tail
+    std::string index = "brute";         // --attn-index
+    std::string grad = "exact";          // --attn-grad
+    int grad_samples = 16;               // --attn-grad-samples
+    std::string grad_source = "auto";    // --attn-grad-source
+    std::string grad_dv = "rowwise";     // --attn-grad-dv
+    int gumbel_groups = 3;               // --attn-gumbel-groups
+    int gumbel_samples = 8;              // --attn-gumbel-samples
+    uint64_t seed = 0;                   // --attn-seed
+    std::string eval;                    // --attn-eval
+};
+
+inline AttnMode parse_attn_mode(const std::string& name) {
+    if (name == "exact") return AttnMode::Exact;
+    if (name == "knn") return AttnMode::Knn;
+    if (name == "knn-tail") return AttnMode::KnnTail;
+    if (name == "gumbel") return AttnMode::Gumbel;
+    if (name == "kmv") return AttnMode::Kmv;
+    throw std::runtime_error("--attn: unknown attention mode '" + name + "' (known: exact, knn, knn-tail, gumbel, kmv)");
+}
+inline ops::TopkIndex parse_attn_index(const std::string& name) {
+    if (name == "brute") return ops::TopkIndex::Brute;
+    if (name == "block") return ops::TopkIndex::Block;
+    if (name == "lsh") return ops::TopkIndex::Lsh;
+    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh)");
+}
+inline AttnGrad parse_attn_grad(const std::string& name) {
+    if (name == "exact") return AttnGrad::Exact;
+    if (name == "sampled") return AttnGrad::Sampled;
+    throw std::runtime_error("--attn-grad: unknown gradient mode '" + name + "' (known: exact, sampled)");
+}
+inline AttnGradSource parse_attn_grad_source(const std::string& name) {
+    if (name == "auto") return AttnGradSource::Auto;
+    if (name == "exact-row") return AttnGradSource::ExactRow;
+    if (name == "lazy-gumbel") return AttnGradSource::LazyGumbel;
+    throw std::runtime_error("--attn-grad-source: unknown source '" + name + "' (known: auto, exact-row, lazy-gumbel)");
+}
+inline bool parse_attn_grad_dv(const std::string& name) {
+    if (name == "rowwise") return false;
+    if (name == "signed") return true;
+    throw std::runtime_error("--attn-grad-dv: unknown estimator '" + name + "' (known: rowwise, signed)");
+}
+
+// Checks a configuration against the rules of the flags and the kernels of this
+// build (ops::attention_capabilities); throws one line naming the flag.
+inline void check_attn_config(const AttnConfig& a) {
+    if (a.k < 1) throw std::runtime_error("--attn-k must be >= 1, got " + std::to_string(a.k));
+    if (a.tail < 0) throw std::runtime_error("--attn-tail must be >= 0, got " + std::to_string(a.tail));
+    if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv)
+        throw std::runtime_error(std::string("--attn-tail needs --attn knn-tail or kmv (the mode is ") +
+                                 attn_mode_name(a.mode) + ")");
+    if (a.mode == AttnMode::Kmv && a.tail < 1)
+        throw std::runtime_error("--attn kmv needs --attn-tail >= 1 light samples per query");
+    if (a.grad_samples < 1)
+        throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
+    if (a.gumbel_groups < 1 || a.gumbel_samples < 1)
+        throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
+    // lazy Gumbel is exact only when the top-k set really is the top k (ALGORITHMS.md §4.3):
+    // the approximate lsh index may miss keys, and the widened threshold is not implemented
+    if (a.index == ops::TopkIndex::Lsh && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
+        throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index brute or block), "
+                                 "not lsh");
+    if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
+        throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
+    // what this build's kernels cover
+    const AttnCapabilities can = ops::attention_capabilities();
+    const std::string missing = std::string(" is not available in ") + can.build + " yet (train_gpt_cpu has it)";
+    if (a.mode == AttnMode::Kmv && !can.kmv) throw std::runtime_error("--attn kmv" + missing);
+    if (a.uses_topk_index() && a.index == ops::TopkIndex::Lsh && !can.lsh_index)
+        throw std::runtime_error("--attn-index lsh" + missing);
+    if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups)
+        throw std::runtime_error("--attn-gumbel-groups " + std::to_string(a.gumbel_groups) + ": " + can.build +
+                                 " takes at most " + std::to_string(can.max_gumbel_groups));
+}
+
+// The attention settings of the flags, checked.
+inline AttnConfig attn_config_from_flags(const AttnFlags& f) {
+    AttnConfig a;
+    a.mode = parse_attn_mode(f.mode);
+    a.k = f.k;
+    a.tail = f.tail;
+    a.index = parse_attn_index(f.index);
+    a.grad = parse_attn_grad(f.grad);
+    a.grad_samples = f.grad_samples;
+    a.grad_source = parse_attn_grad_source(f.grad_source);
+    a.grad_signed_dv = parse_attn_grad_dv(f.grad_dv);
+    a.gumbel_groups = f.gumbel_groups;
+    a.gumbel_samples = f.gumbel_samples;
+    a.seed = f.seed;
+    check_attn_config(a);
+    return a;
+}
+
+// A whole decimal integer of an --attn-eval field.
+inline int parse_attn_eval_int(const std::string& field, const std::string& value) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(value.c_str(), &end, 10);
+    if (value.empty() || *end || errno || v < -2147483647L || v > 2147483647L)
+        throw std::runtime_error("--attn-eval " + field + ": expected an integer, got '" + value + "'");
+    return (int)v;
+}
+
+// --attn-eval: MODE[:k=K][:m=M][:index=I], comma separated; unspecified fields
+// come from the training settings. (The forward only: the gradient settings do
+// not matter for a validation loss.)
+inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std::string& list, const AttnConfig& base) {
+    std::vector<std::pair<std::string, AttnConfig>> out;
+    size_t start = 0;
+    while (start <= list.size() && !list.empty()) {
+        size_t comma = list.find(',', start);
+        std::string spec = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        start = comma == std::string::npos ? list.size() + 1 : comma + 1;
+        if (spec.empty()) throw std::runtime_error("--attn-eval: empty entry in '" + list + "'");
+        AttnConfig a = base;
+        a.grad = AttnGrad::Exact;
+        size_t colon = spec.find(':');
+        a.mode = parse_attn_mode(spec.substr(0, colon));
+        if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
+        if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
+        while (colon != std::string::npos) {
+            size_t next = spec.find(':', colon + 1);
+            std::string field = spec.substr(colon + 1, next == std::string::npos ? std::string::npos : next - colon - 1);
+            colon = next;
+            size_t eq = field.find('=');
+            if (eq == std::string::npos) throw std::runtime_error("--attn-eval: expected key=value in '" + field + "'");
+            std::string key = field.substr(0, eq), value = field.substr(eq + 1);
+            if (key == "k") a.k = parse_attn_eval_int("k", value);
+            else if (key == "m") a.tail = parse_attn_eval_int("m", value);
+            else if (key == "index") a.index = parse_attn_index(value);
+            else throw std::runtime_error("--attn-eval: unknown field '" + key + "' (known: k, m, index)");
+        }
+        check_attn_config(a);
+        out.push_back({spec, a});
+    }
+    return out;
+}
+
+}  // namespace knngpt
