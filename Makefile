@@ -29,15 +29,22 @@ PRECISION_FLAGS := $(if $(filter fp32,$(PRECISION)),-DKNNGPT_FP32,)
 NEED_NVCC   = @command -v $(NVCC) >/dev/null 2>&1 || { echo "make $@: $(NVCC) not found: install the CUDA toolkit (nvcc on PATH, or NVCC=/path/to/nvcc); the CPU trainer is make train_gpt_cpu"; exit 1; }
 
 BUILD     := build
-HEADERS   := $(wildcard model/*.h kernels/common/*.h kernels/cpu/*.h kernels/emu/*.h kernels/cuda/*.cuh data/*.h)
 TEST_SRCS := $(wildcard tests/test_*.cpp)
 TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 # the kernel tests of kernels/cuda, built again with nvcc to run on a GPU
 NATIVE_TEST_SRCS := $(filter-out tests/test_cuda_trainer.cpp,$(wildcard tests/test_cuda_*.cpp))
 NATIVE_TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/native/%,$(NATIVE_TEST_SRCS))
-TEST_DEPS := tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h tests/trainer_test_util.h \
-             tests/device_array.h
 PYTHON    ?= /usr/bin/python3
+
+# Header dependencies, generated: every compile (g++ and nvcc alike) writes
+# $(DEPDIR)/<target>.d with -MMD -MP, the headers that target included (each
+# also as an empty rule, so a deleted header does not stop make), and make
+# reads them all back below. So touching a header rebuilds only the binaries
+# that include it. Every binary also depends on its .d: one without (never
+# built, or built before .d files existed) is rebuilt once.
+DEPDIR    := $(BUILD)/deps
+DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
+MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
 .PHONY: all help test test-native native-test-bins bench bench-train bench-attention clean reference
 
@@ -59,33 +66,36 @@ help:
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
 
-train_gpt_cpu: train/train_gpt.cpp $(HEADERS)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+train_gpt_cpu: train/train_gpt.cpp $(DEPDIR)/train_gpt_cpu.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
-train_gpt: train/train_gpt.cpp $(HEADERS)
+train_gpt: train/train_gpt.cpp $(DEPDIR)/train_gpt.d
 	$(NEED_NVCC)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(PRECISION_FLAGS) -o $@ $< $(CUDA_LIBS)
+	$(MKDIRS)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(PRECISION_FLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
 # the CUDA trainer on the CPU emulator, the fp32 build and the default bf16
 # one: the whole-model test runs both against train_gpt_cpu
-$(BUILD)/train_gpt_emu: train/train_gpt.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -DKNNGPT_FP32 -o $@ $< $(LDLIBS)
-$(BUILD)/train_gpt_emu_bf16: train/train_gpt.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -o $@ $< $(LDLIBS)
+$(BUILD)/train_gpt_emu: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/train_gpt_emu.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -DKNNGPT_FP32 $(DEPFLAGS) -o $@ $< $(LDLIBS)
+$(BUILD)/train_gpt_emu_bf16: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/train_gpt_emu_bf16.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
-prepare_data: data/prepare_data.cpp $(HEADERS)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+prepare_data: data/prepare_data.cpp $(DEPDIR)/prepare_data.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.cpp $(HEADERS) $(TEST_DEPS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
+$(TEST_BINS): $(BUILD)/tests/%: tests/%.cpp $(DEPDIR)/$(BUILD)/tests/%.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
 
-$(BUILD)/native/%: tests/%.cpp $(HEADERS) $(TEST_DEPS)
+$(NATIVE_TEST_BINS): $(BUILD)/native/%: tests/%.cpp $(DEPDIR)/$(BUILD)/native/%.d
 	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA_NATIVE -o $@ $< -L$(BLAS_DIR) -Xlinker -rpath,$(BLAS_DIR) -lopenblas \
+	$(MKDIRS)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA_NATIVE $(DEPFLAGS) -o $@ $< -L$(BLAS_DIR) -Xlinker -rpath,$(BLAS_DIR) -lopenblas \
 	  $(CUDA_LIBS) -lgtest -lgtest_main -lpthread
 
 # PyTorch reference tensors for the whole-model test; skipped (and the test
@@ -118,29 +128,29 @@ test-native: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/
 	  sh tools/run_tests.sh $(NATIVE_TEST_BINS) $(BUILD)/tests/test_cuda_trainer
 
 # exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)
-$(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(HEADERS)
+$(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(DEPDIR)/$(BUILD)/bench_attention_cuda.d
 	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LIBS)
+	$(MKDIRS)
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
 # the two precisions of train_gpt for the native trainer comparison
-$(BUILD)/native/train_gpt_fp32: train/train_gpt.cpp $(HEADERS)
+$(BUILD)/native/train_gpt_fp32: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/native/train_gpt_fp32.d
 	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -DKNNGPT_FP32 -o $@ $< $(CUDA_LIBS)
-$(BUILD)/native/train_gpt_bf16: train/train_gpt.cpp $(HEADERS)
+	$(MKDIRS)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -DKNNGPT_FP32 $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
+$(BUILD)/native/train_gpt_bf16: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/native/train_gpt_bf16.d
 	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -o $@ $< $(CUDA_LIBS)
+	$(MKDIRS)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
 # the benchmark's baseline: the same trainer with plain-loop matmuls
-$(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -DKNNGPT_MATMUL_LOOPS -o $@ $< $(LDLIBS)
+$(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/train_gpt_cpu_loops.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) -DKNNGPT_MATMUL_LOOPS $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/bench_attention: tools/bench_attention.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+$(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_attention.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
 bench: bench-train bench-attention
 
@@ -152,3 +162,11 @@ bench-attention: $(BUILD)/bench_attention
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data
+
+# the generated header lists (see DEPDIR). A .d not there yet has this empty
+# rule, so its binary is out of date; the binaries' rules are explicit or
+# static pattern rules, which keeps make from taking a .d for an intermediate
+# file (one make would neither miss nor keep).
+$(DEPDIR)/%.d: ;
+.PRECIOUS: $(DEPDIR)/%.d
+-include $(shell find $(DEPDIR) -name '*.d' 2>/dev/null)
