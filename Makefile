@@ -66,23 +66,33 @@ help:
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
 
-train_gpt_cpu: train/train_gpt.cpp $(DEPDIR)/train_gpt_cpu.d
-	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+# The trainer variants: all of them train/train_gpt.cpp, through one rule per
+# compiler; TRAINER_FLAGS_<name> are a variant's own flags.
+#   train_gpt_cpu              the CPU trainer
+#   build/train_gpt_cpu_loops  the benchmark's baseline: plain-loop matmuls
+#   build/train_gpt_emu        the CUDA trainer on the CPU emulator, fp32, and
+#   build/train_gpt_emu_bf16   the default bf16 (test_cuda_trainer runs both against train_gpt_cpu)
+#   train_gpt                  the CUDA trainer, nvcc, PRECISION
+#   build/native/train_gpt_fp32, build/native/train_gpt_bf16
+#                              both precisions, for the native trainer comparison
+TRAINER_FLAGS_train_gpt_cpu       :=
+TRAINER_FLAGS_train_gpt_cpu_loops := -DKNNGPT_MATMUL_LOOPS
+TRAINER_FLAGS_train_gpt_emu       := $(EMU_FLAGS) -DKNNGPT_FP32
+TRAINER_FLAGS_train_gpt_emu_bf16  := $(EMU_FLAGS)
+TRAINER_FLAGS_train_gpt           := -DKNNGPT_CUDA $(PRECISION_FLAGS)
+TRAINER_FLAGS_train_gpt_fp32      := -DKNNGPT_CUDA -DKNNGPT_FP32
+TRAINER_FLAGS_train_gpt_bf16      := -DKNNGPT_CUDA
+CXX_TRAINERS  := train_gpt_cpu $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16
+NVCC_TRAINERS := train_gpt $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
-train_gpt: train/train_gpt.cpp $(DEPDIR)/train_gpt.d
+$(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+$(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(NEED_NVCC)
 	$(MKDIRS)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(PRECISION_FLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
-
-# the CUDA trainer on the CPU emulator, the fp32 build and the default bf16
-# one: the whole-model test runs both against train_gpt_cpu
-$(BUILD)/train_gpt_emu: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/train_gpt_emu.d
-	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -DKNNGPT_FP32 $(DEPFLAGS) -o $@ $< $(LDLIBS)
-$(BUILD)/train_gpt_emu_bf16: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/train_gpt_emu_bf16.d
-	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+	$(NVCC) -x cu $(NVCCFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
 prepare_data: data/prepare_data.cpp $(DEPDIR)/prepare_data.d
 	$(MKDIRS)
@@ -132,21 +142,6 @@ $(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(DEPDIR)/$(BUILD)/
 	$(NEED_NVCC)
 	$(MKDIRS)
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
-
-# the two precisions of train_gpt for the native trainer comparison
-$(BUILD)/native/train_gpt_fp32: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/native/train_gpt_fp32.d
-	$(NEED_NVCC)
-	$(MKDIRS)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -DKNNGPT_FP32 $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
-$(BUILD)/native/train_gpt_bf16: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/native/train_gpt_bf16.d
-	$(NEED_NVCC)
-	$(MKDIRS)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
-
-# the benchmark's baseline: the same trainer with plain-loop matmuls
-$(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(DEPDIR)/$(BUILD)/train_gpt_cpu_loops.d
-	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) -DKNNGPT_MATMUL_LOOPS $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_attention.d
 	$(MKDIRS)
