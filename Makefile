@@ -5,6 +5,9 @@
 
 CXX       ?= g++
 ARCHFLAGS ?= -march=native
+# make test-portable builds with these in place of ARCHFLAGS; empty means the
+# compiler's default target, on Debian plain x86-64 (SSE2: no AVX, no FMA)
+PORTABLE_ARCHFLAGS ?=
 OPT       ?= -O3
 CXXFLAGS  += $(OPT) $(ARCHFLAGS) -std=c++17 -fopenmp -Wall -Wextra -I.
 MULTIARCH := $(shell $(CXX) -print-multiarch 2>/dev/null)
@@ -34,6 +37,14 @@ TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 # the kernel tests of kernels/cuda, built again with nvcc to run on a GPU
 NATIVE_TEST_SRCS := $(filter-out tests/test_cuda_trainer.cpp,$(wildcard tests/test_cuda_*.cpp))
 NATIVE_TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/native/%,$(NATIVE_TEST_SRCS))
+# The portable build (make test-portable): the bit-identity tests, and the
+# programs test_cuda_trainer runs, again with PORTABLE_ARCHFLAGS in place of
+# ARCHFLAGS, in a directory of their own so the main build stays as it is.
+PORTABLE  := $(BUILD)/portable
+PORTABLE_TESTS := test_topk_index test_philox test_gumbel_attention test_sampled_grad test_sparse_attention \
+                  test_cuda_knn test_cuda_gumbel test_cuda_sampled_grad test_cuda_trainer
+PORTABLE_TEST_BINS := $(addprefix $(PORTABLE)/tests/,$(PORTABLE_TESTS))
+PORTABLE_PROGRAMS  := $(addprefix $(PORTABLE)/,train_gpt_cpu prepare_data train_gpt_emu train_gpt_emu_bf16)
 PYTHON    ?= /usr/bin/python3
 
 # Header dependencies, generated: every compile (g++ and nvcc alike) writes
@@ -46,7 +57,7 @@ DEPDIR    := $(BUILD)/deps
 DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
 MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
-.PHONY: all help test test-native native-test-bins bench bench-train bench-attention clean reference
+.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention clean reference
 
 all: train_gpt_cpu prepare_data
 
@@ -57,6 +68,8 @@ help:
 	@echo "  make prepare_data    text file -> llm.c token shards"
 	@echo "  make test           build and run every test (GoogleTest); CUDA kernels under the emulator,"
 	@echo "                      and natively too where a GPU and nvcc exist"
+	@echo "  make test-portable  the bit-identity tests (and the programs test_cuda_trainer runs) built again"
+	@echo "                      into $(PORTABLE)/ with PORTABLE_ARCHFLAGS in place of ARCHFLAGS, and run"
 	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
 	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
@@ -64,7 +77,8 @@ help:
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
-	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
+	@echo "variables: ARCHFLAGS (default -march=native), PORTABLE_ARCHFLAGS (default empty: plain x86-64,"
+	@echo "           no AVX or FMA), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
 
 # The trainer variants: all of them train/train_gpt.cpp, through one rule per
 # compiler; TRAINER_FLAGS_<name> are a variant's own flags.
@@ -82,7 +96,10 @@ TRAINER_FLAGS_train_gpt_emu_bf16  := $(EMU_FLAGS)
 TRAINER_FLAGS_train_gpt           := -DKNNGPT_CUDA $(PRECISION_FLAGS)
 TRAINER_FLAGS_train_gpt_fp32      := -DKNNGPT_CUDA -DKNNGPT_FP32
 TRAINER_FLAGS_train_gpt_bf16      := -DKNNGPT_CUDA
-CXX_TRAINERS  := train_gpt_cpu $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16
+#   build/portable/train_gpt_cpu, _emu, _emu_bf16
+#                              the same with PORTABLE_ARCHFLAGS, for make test-portable
+CXX_TRAINERS  := train_gpt_cpu $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
+                 $(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16
 NVCC_TRAINERS := train_gpt $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
 $(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
@@ -94,13 +111,21 @@ $(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
 	$(NVCC) -x cu $(NVCCFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
-prepare_data: data/prepare_data.cpp $(DEPDIR)/prepare_data.d
+prepare_data $(PORTABLE)/prepare_data: %: data/prepare_data.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
+CXX_TEST   = $(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
 $(TEST_BINS): $(BUILD)/tests/%: tests/%.cpp $(DEPDIR)/$(BUILD)/tests/%.d
 	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
+	$(CXX_TEST)
+$(PORTABLE_TEST_BINS): $(PORTABLE)/tests/%: tests/%.cpp $(DEPDIR)/$(PORTABLE)/tests/%.d
+	$(MKDIRS)
+	$(CXX_TEST)
+
+# everything in the portable build: PORTABLE_ARCHFLAGS for ARCHFLAGS, whatever
+# ARCHFLAGS the main build is given (environment or command line)
+$(PORTABLE)/%: override ARCHFLAGS = $(PORTABLE_ARCHFLAGS)
 
 $(NATIVE_TEST_BINS): $(BUILD)/native/%: tests/%.cpp $(DEPDIR)/$(BUILD)/native/%.d
 	$(NEED_NVCC)
@@ -128,6 +153,12 @@ test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $
 	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && command -v $(NVCC) >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory test-native; \
 	else echo "cuda kernels run natively: 0 (native CUDA tests skipped: no GPU here, nvidia-smi lists none; tools/gpu_check.sh runs them on a GPU machine)"; fi
+
+# The portable build, run: the tests find its programs through KNNGPT_BIN_DIR
+# (train_gpt_cpu, prepare_data) and KNNGPT_BUILD (the emulated CUDA trainers).
+test-portable: $(PORTABLE_TEST_BINS) $(PORTABLE_PROGRAMS)
+	@echo "portable build, $(PORTABLE)/: PORTABLE_ARCHFLAGS='$(PORTABLE_ARCHFLAGS)' in place of ARCHFLAGS"
+	@KNNGPT_BUILD=$(PORTABLE) KNNGPT_BIN_DIR=$(PORTABLE) sh tools/run_tests.sh $(PORTABLE_TEST_BINS)
 
 native-test-bins: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
