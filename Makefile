@@ -89,6 +89,8 @@ help:
 #   train_gpt                  the CUDA trainer, nvcc, PRECISION
 #   build/native/train_gpt_fp32, build/native/train_gpt_bf16
 #                              both precisions, for the native trainer comparison
+#   build/portable/train_gpt_cpu, train_gpt_emu, train_gpt_emu_bf16
+#                              the same with PORTABLE_ARCHFLAGS, for make test-portable
 TRAINER_FLAGS_train_gpt_cpu       :=
 TRAINER_FLAGS_train_gpt_cpu_loops := -DKNNGPT_MATMUL_LOOPS
 TRAINER_FLAGS_train_gpt_emu       := $(EMU_FLAGS) -DKNNGPT_FP32
@@ -96,8 +98,6 @@ TRAINER_FLAGS_train_gpt_emu_bf16  := $(EMU_FLAGS)
 TRAINER_FLAGS_train_gpt           := -DKNNGPT_CUDA $(PRECISION_FLAGS)
 TRAINER_FLAGS_train_gpt_fp32      := -DKNNGPT_CUDA -DKNNGPT_FP32
 TRAINER_FLAGS_train_gpt_bf16      := -DKNNGPT_CUDA
-#   build/portable/train_gpt_cpu, _emu, _emu_bf16
-#                              the same with PORTABLE_ARCHFLAGS, for make test-portable
 CXX_TRAINERS  := train_gpt_cpu $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
                  $(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16
 NVCC_TRAINERS := train_gpt $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
@@ -190,9 +190,10 @@ clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data
 
 # the generated header lists (see DEPDIR). A .d not there yet has this empty
-# rule, so its binary is out of date; the binaries' rules are explicit or
-# static pattern rules, which keeps make from taking a .d for an intermediate
-# file (one make would neither miss nor keep).
+# rule, so its binary is out of date. The binaries' rules are explicit or
+# static pattern rules, which name each .d: were a .d only a pattern rule's
+# prerequisite, make would take it for an intermediate file, rebuild nothing
+# when it is missing, and (but for .PRECIOUS) delete it after the build.
 $(DEPDIR)/%.d: ;
 .PRECIOUS: $(DEPDIR)/%.d
 -include $(shell find $(DEPDIR) -name '*.d' 2>/dev/null)
