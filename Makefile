@@ -5,6 +5,9 @@
 
 CXX       ?= g++
 ARCHFLAGS ?= -march=native
+# make test-portable builds with these in place of ARCHFLAGS; empty means the
+# compiler's default target, on Debian plain x86-64 (SSE2: no AVX, no FMA)
+PORTABLE_ARCHFLAGS ?=
 OPT       ?= -O3
 CXXFLAGS  += $(OPT) $(ARCHFLAGS) -std=c++17 -fopenmp -Wall -Wextra -I.
 MULTIARCH := $(shell $(CXX) -print-multiarch 2>/dev/null)
@@ -29,17 +32,32 @@ PRECISION_FLAGS := $(if $(filter fp32,$(PRECISION)),-DKNNGPT_FP32,)
 NEED_NVCC   = @command -v $(NVCC) >/dev/null 2>&1 || { echo "make $@: $(NVCC) not found: install the CUDA toolkit (nvcc on PATH, or NVCC=/path/to/nvcc); the CPU trainer is make train_gpt_cpu"; exit 1; }
 
 BUILD     := build
-HEADERS   := $(wildcard model/*.h kernels/common/*.h kernels/cpu/*.h kernels/emu/*.h kernels/cuda/*.cuh data/*.h)
 TEST_SRCS := $(wildcard tests/test_*.cpp)
 TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 # the kernel tests of kernels/cuda, built again with nvcc to run on a GPU
 NATIVE_TEST_SRCS := $(filter-out tests/test_cuda_trainer.cpp,$(wildcard tests/test_cuda_*.cpp))
 NATIVE_TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/native/%,$(NATIVE_TEST_SRCS))
-TEST_DEPS := tests/test_util.h tests/attention_test_util.h tests/cuda_test_util.h tests/trainer_test_util.h \
-             tests/device_array.h
+# The portable build (make test-portable): the bit-identity tests, and the
+# programs test_cuda_trainer runs, again with PORTABLE_ARCHFLAGS in place of
+# ARCHFLAGS, in a directory of their own so the main build stays as it is.
+PORTABLE  := $(BUILD)/portable
+PORTABLE_TESTS := test_topk_index test_philox test_gumbel_attention test_sampled_grad test_sparse_attention \
+                  test_cuda_knn test_cuda_gumbel test_cuda_sampled_grad test_cuda_trainer
+PORTABLE_TEST_BINS := $(addprefix $(PORTABLE)/tests/,$(PORTABLE_TESTS))
+PORTABLE_PROGRAMS  := $(addprefix $(PORTABLE)/,train_gpt_cpu prepare_data train_gpt_emu train_gpt_emu_bf16)
 PYTHON    ?= /usr/bin/python3
 
-.PHONY: all help test test-native native-test-bins bench bench-train bench-attention clean reference
+# Header dependencies, generated: every compile (g++ and nvcc alike) writes
+# $(DEPDIR)/<target>.d with -MMD -MP, the headers that target included (each
+# also as an empty rule, so a deleted header does not stop make), and make
+# reads them all back below. So touching a header rebuilds only the binaries
+# that include it. Every binary also depends on its .d: one without (never
+# built, or built before .d files existed) is rebuilt once.
+DEPDIR    := $(BUILD)/deps
+DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
+MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
+
+.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention clean reference
 
 all: train_gpt_cpu prepare_data
 
@@ -50,6 +68,8 @@ help:
 	@echo "  make prepare_data    text file -> llm.c token shards"
 	@echo "  make test           build and run every test (GoogleTest); CUDA kernels under the emulator,"
 	@echo "                      and natively too where a GPU and nvcc exist"
+	@echo "  make test-portable  the bit-identity tests (and the programs test_cuda_trainer runs) built again"
+	@echo "                      into $(PORTABLE)/ with PORTABLE_ARCHFLAGS in place of ARCHFLAGS, and run"
 	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
 	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
@@ -57,35 +77,60 @@ help:
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
-	@echo "variables: ARCHFLAGS (default -march=native), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
+	@echo "variables: ARCHFLAGS (default -march=native), PORTABLE_ARCHFLAGS (default empty: plain x86-64,"
+	@echo "           no AVX or FMA), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
 
-train_gpt_cpu: train/train_gpt.cpp $(HEADERS)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+# The trainer variants: all of them train/train_gpt.cpp, through one rule per
+# compiler; TRAINER_FLAGS_<name> are a variant's own flags.
+#   train_gpt_cpu              the CPU trainer
+#   build/train_gpt_cpu_loops  the benchmark's baseline: plain-loop matmuls
+#   build/train_gpt_emu        the CUDA trainer on the CPU emulator, fp32, and
+#   build/train_gpt_emu_bf16   the default bf16 (test_cuda_trainer runs both against train_gpt_cpu)
+#   train_gpt                  the CUDA trainer, nvcc, PRECISION
+#   build/native/train_gpt_fp32, build/native/train_gpt_bf16
+#                              both precisions, for the native trainer comparison
+#   build/portable/train_gpt_cpu, train_gpt_emu, train_gpt_emu_bf16
+#                              the same with PORTABLE_ARCHFLAGS, for make test-portable
+TRAINER_FLAGS_train_gpt_cpu       :=
+TRAINER_FLAGS_train_gpt_cpu_loops := -DKNNGPT_MATMUL_LOOPS
+TRAINER_FLAGS_train_gpt_emu       := $(EMU_FLAGS) -DKNNGPT_FP32
+TRAINER_FLAGS_train_gpt_emu_bf16  := $(EMU_FLAGS)
+TRAINER_FLAGS_train_gpt           := -DKNNGPT_CUDA $(PRECISION_FLAGS)
+TRAINER_FLAGS_train_gpt_fp32      := -DKNNGPT_CUDA -DKNNGPT_FP32
+TRAINER_FLAGS_train_gpt_bf16      := -DKNNGPT_CUDA
+CXX_TRAINERS  := train_gpt_cpu $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
+                 $(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16
+NVCC_TRAINERS := train_gpt $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
-train_gpt: train/train_gpt.cpp $(HEADERS)
+$(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+$(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(NEED_NVCC)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA $(PRECISION_FLAGS) -o $@ $< $(CUDA_LIBS)
+	$(MKDIRS)
+	$(NVCC) -x cu $(NVCCFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
-# the CUDA trainer on the CPU emulator, the fp32 build and the default bf16
-# one: the whole-model test runs both against train_gpt_cpu
-$(BUILD)/train_gpt_emu: train/train_gpt.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -DKNNGPT_FP32 -o $@ $< $(LDLIBS)
-$(BUILD)/train_gpt_emu_bf16: train/train_gpt.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(EMU_FLAGS) -o $@ $< $(LDLIBS)
+prepare_data $(PORTABLE)/prepare_data: %: data/prepare_data.cpp $(DEPDIR)/%.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
-prepare_data: data/prepare_data.cpp $(HEADERS)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+CXX_TEST   = $(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
+$(TEST_BINS): $(BUILD)/tests/%: tests/%.cpp $(DEPDIR)/$(BUILD)/tests/%.d
+	$(MKDIRS)
+	$(CXX_TEST)
+$(PORTABLE_TEST_BINS): $(PORTABLE)/tests/%: tests/%.cpp $(DEPDIR)/$(PORTABLE)/tests/%.d
+	$(MKDIRS)
+	$(CXX_TEST)
 
-$(BUILD)/tests/%: tests/%.cpp $(HEADERS) $(TEST_DEPS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
+# everything in the portable build: PORTABLE_ARCHFLAGS for ARCHFLAGS, whatever
+# ARCHFLAGS the main build is given (environment or command line)
+$(PORTABLE)/%: override ARCHFLAGS = $(PORTABLE_ARCHFLAGS)
 
-$(BUILD)/native/%: tests/%.cpp $(HEADERS) $(TEST_DEPS)
+$(NATIVE_TEST_BINS): $(BUILD)/native/%: tests/%.cpp $(DEPDIR)/$(BUILD)/native/%.d
 	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA_NATIVE -o $@ $< -L$(BLAS_DIR) -Xlinker -rpath,$(BLAS_DIR) -lopenblas \
+	$(MKDIRS)
+	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA_NATIVE $(DEPFLAGS) -o $@ $< -L$(BLAS_DIR) -Xlinker -rpath,$(BLAS_DIR) -lopenblas \
 	  $(CUDA_LIBS) -lgtest -lgtest_main -lpthread
 
 # PyTorch reference tensors for the whole-model test; skipped (and the test
@@ -109,6 +154,12 @@ test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $
 	  $(MAKE) --no-print-directory test-native; \
 	else echo "cuda kernels run natively: 0 (native CUDA tests skipped: no GPU here, nvidia-smi lists none; tools/gpu_check.sh runs them on a GPU machine)"; fi
 
+# The portable build, run: the tests find its programs through KNNGPT_BIN_DIR
+# (train_gpt_cpu, prepare_data) and KNNGPT_BUILD (the emulated CUDA trainers).
+test-portable: $(PORTABLE_TEST_BINS) $(PORTABLE_PROGRAMS)
+	@echo "portable build, $(PORTABLE)/: PORTABLE_ARCHFLAGS='$(PORTABLE_ARCHFLAGS)' in place of ARCHFLAGS"
+	@KNNGPT_BUILD=$(PORTABLE) KNNGPT_BIN_DIR=$(PORTABLE) sh tools/run_tests.sh $(PORTABLE_TEST_BINS)
+
 native-test-bins: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
 test-native: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16 \
@@ -118,29 +169,14 @@ test-native: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/
 	  sh tools/run_tests.sh $(NATIVE_TEST_BINS) $(BUILD)/tests/test_cuda_trainer
 
 # exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)
-$(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(HEADERS)
+$(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(DEPDIR)/$(BUILD)/bench_attention_cuda.d
 	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(CUDA_LIBS)
+	$(MKDIRS)
+	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
-# the two precisions of train_gpt for the native trainer comparison
-$(BUILD)/native/train_gpt_fp32: train/train_gpt.cpp $(HEADERS)
-	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -DKNNGPT_FP32 -o $@ $< $(CUDA_LIBS)
-$(BUILD)/native/train_gpt_bf16: train/train_gpt.cpp $(HEADERS)
-	$(NEED_NVCC)
-	@mkdir -p $(dir $@)
-	$(NVCC) -x cu $(NVCCFLAGS) -DKNNGPT_CUDA -o $@ $< $(CUDA_LIBS)
-
-# the benchmark's baseline: the same trainer with plain-loop matmuls
-$(BUILD)/train_gpt_cpu_loops: train/train_gpt.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -DKNNGPT_MATMUL_LOOPS -o $@ $< $(LDLIBS)
-
-$(BUILD)/bench_attention: tools/bench_attention.cpp $(HEADERS)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -o $@ $< $(LDLIBS)
+$(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_attention.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
 bench: bench-train bench-attention
 
@@ -152,3 +188,12 @@ bench-attention: $(BUILD)/bench_attention
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data
+
+# the generated header lists (see DEPDIR). A .d not there yet has this empty
+# rule, so its binary is out of date. The binaries' rules are explicit or
+# static pattern rules, which name each .d: were a .d only a pattern rule's
+# prerequisite, make would take it for an intermediate file, rebuild nothing
+# when it is missing, and (but for .PRECIOUS) delete it after the build.
+$(DEPDIR)/%.d: ;
+.PRECIOUS: $(DEPDIR)/%.d
+-include $(shell find $(DEPDIR) -name '*.d' 2>/dev/null)

@@ -40,6 +40,7 @@ namespace {
 
 using knngpt_test::exists;
 using knngpt_test::make_text;
+using knngpt_test::program_path;
 using knngpt_test::run;
 using knngpt_test::RunResult;
 using knngpt_test::step_losses;
@@ -67,12 +68,14 @@ class CudaTrainer : public ::testing::Test {
     knngpt_test::TempDir tmp;
     std::string train, val;
     void SetUp() override {
-        if (!exists(cuda_trainer()) || !exists(cuda_trainer_bf16()) || !exists("./train_gpt_cpu") ||
-            !exists("./prepare_data"))
-            GTEST_SKIP() << cuda_trainer() << ", " << cuda_trainer_bf16()
-                         << ", ./train_gpt_cpu or ./prepare_data not built (run `make test` from the repository root)";
+        if (!exists(cuda_trainer()) || !exists(cuda_trainer_bf16()) || !exists(program_path("train_gpt_cpu")) ||
+            !exists(program_path("prepare_data")))
+            GTEST_SKIP() << cuda_trainer() << ", " << cuda_trainer_bf16() << ", " << program_path("train_gpt_cpu")
+                         << " or " << program_path("prepare_data")
+                         << " not built (run `make test` from the repository root)";
         std::ofstream(tmp.file("text.txt")) << make_text(30000);
-        RunResult r = run("./prepare_data --input " + tmp.file("text.txt") + " --out-dir " + tmp.path + " --name t", tmp);
+        RunResult r = run(program_path("prepare_data") + " --input " + tmp.file("text.txt") + " --out-dir " + tmp.path +
+                          " --name t", tmp);
         ASSERT_EQ(r.exit_code, 0) << r.err;
         train = tmp.file("t_train.bin");
         val = tmp.file("t_val.bin");
@@ -89,7 +92,7 @@ class CudaTrainer : public ::testing::Test {
     void expect_same_run(const std::string& extra, const std::string& trainer = cuda_trainer(),
                          const std::string& precision = "cuda (fp32", double loss_tol = 1e-5,
                          double param_tol = 1e-5) {
-        RunResult cpu = run("./train_gpt_cpu" + flags(tmp.file("cpu")) + extra, tmp);
+        RunResult cpu = run(program_path("train_gpt_cpu") + flags(tmp.file("cpu")) + extra, tmp);
         ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
         RunResult gpu = run(trainer + flags(tmp.file("cuda")) + extra, tmp);
         ASSERT_EQ(gpu.exit_code, 0) << gpu.err;

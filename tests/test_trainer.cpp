@@ -19,6 +19,7 @@ namespace {
 
 using knngpt_test::exists;
 using knngpt_test::make_text;
+using knngpt_test::program_path;
 using knngpt_test::run;
 using knngpt_test::RunResult;
 using knngpt_test::slurp;
@@ -29,17 +30,19 @@ class Trainer : public ::testing::Test {
     knngpt_test::TempDir tmp;
     std::string train, val;
     void SetUp() override {
-        if (!exists("./train_gpt_cpu") || !exists("./prepare_data"))
-            GTEST_SKIP() << "./train_gpt_cpu or ./prepare_data not built (run `make test` from the repository root)";
+        if (!exists(program_path("train_gpt_cpu")) || !exists(program_path("prepare_data")))
+            GTEST_SKIP() << program_path("train_gpt_cpu") << " or " << program_path("prepare_data")
+                         << " not built (run `make test` from the repository root)";
         std::ofstream(tmp.file("text.txt")) << make_text(60000);
-        RunResult r = run("./prepare_data --input " + tmp.file("text.txt") + " --out-dir " + tmp.path + " --name t", tmp);
+        RunResult r = run(program_path("prepare_data") + " --input " + tmp.file("text.txt") + " --out-dir " + tmp.path +
+                          " --name t", tmp);
         ASSERT_EQ(r.exit_code, 0) << r.err;
         train = tmp.file("t_train.bin");
         val = tmp.file("t_val.bin");
     }
     // A small, fast model on the test text.
     std::string base() const {
-        return "./train_gpt_cpu -i " + train + " -j " + val +
+        return program_path("train_gpt_cpu") + " -i " + train + " -j " + val +
                " --layers 2 --heads 2 --channels 32 -b 4 -t 32 -l 3e-3 -v 0 -m 2 -s 0 -g 8";
     }
 };
@@ -104,7 +107,7 @@ TEST_F(Trainer, StartsFromAnLlmcCheckpointAndWritesOne) {
     knngpt::ModelFile m = knngpt::read_model_file(dir + "/model_00000003.bin");
     EXPECT_EQ(m.config.num_layers, 2);
     EXPECT_EQ(m.config.vocab_size, 256);
-    RunResult again = run("./train_gpt_cpu -i " + train + " -j " + val + " -e " + dir +
+    RunResult again = run(program_path("train_gpt_cpu") + " -i " + train + " -j " + val + " -e " + dir +
                               "/model_00000003.bin -b 4 -t 32 -x 2 -v 0 -m 2 -s 0 -g 4",
                           tmp);
     ASSERT_EQ(again.exit_code, 0) << again.err;
@@ -166,7 +169,7 @@ TEST_F(Trainer, BadInputGivesOneClearLineAndWritesNothing) {
     for (const BadCase& bc : cases) {
         std::string out_dir = tmp.file("should_not_exist");
         // the case's own flags come last, so they win (and a missing value stays missing)
-        RunResult r = run("./train_gpt_cpu -x 2 -v 0 -s 0 -o " + out_dir + bc.args, tmp);
+        RunResult r = run(program_path("train_gpt_cpu") + " -x 2 -v 0 -s 0 -o " + out_dir + bc.args, tmp);
         EXPECT_NE(r.exit_code, 0) << bc.name;
         EXPECT_NE(r.err.find(bc.expect), std::string::npos) << bc.name << ": stderr was: " << r.err;
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << bc.name << ": stderr was: " << r.err;
@@ -177,7 +180,7 @@ TEST_F(Trainer, BadInputGivesOneClearLineAndWritesNothing) {
 
 // Every flag appears in -h and in README.md.
 TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
-    RunResult help = run("./train_gpt_cpu -h", tmp);
+    RunResult help = run(program_path("train_gpt_cpu") + " -h", tmp);
     ASSERT_EQ(help.exit_code, 0);
     std::string readme = slurp("README.md");
     ASSERT_FALSE(readme.empty()) << "README.md not found from " << tmp.path;

@@ -1,7 +1,7 @@
 // tests/trainer_test_util.h — running the trainer programs from a test:
 // capture of stdout/stderr and exit code, a deterministic pseudo-English text,
-// and the losses printed on "step N/M" lines. Used by test_trainer.cpp and
-// test_cuda_trainer.cpp.
+// the losses printed on "step N/M" lines, and where the programs are. Used by
+// test_trainer.cpp and test_cuda_trainer.cpp.
 #pragma once
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -35,6 +35,14 @@ inline RunResult run(const std::string& cmd, const TempDir& tmp) {
     std::string full = "OMP_NUM_THREADS=2 " + cmd + " > " + tmp.file("stdout") + " 2> " + tmp.file("stderr");
     int status = std::system(full.c_str());
     return {WEXITSTATUS(status), slurp(tmp.file("stdout")), slurp(tmp.file("stderr"))};
+}
+
+// The path of a program the tests run (train_gpt_cpu, prepare_data):
+// $KNNGPT_BIN_DIR/<name>, by default ./<name> (the repository root, where
+// `make` puts them; `make test-portable` points it at build/portable).
+inline std::string program_path(const std::string& name) {
+    const char* dir = std::getenv("KNNGPT_BIN_DIR");
+    return std::string(dir && *dir ? dir : ".") + "/" + name;
 }
 
 inline bool exists(const std::string& p) {
