@@ -35,6 +35,7 @@
 // Every draw is therefore a pure function of (seed, step, layer, head, batch, query,
 // purpose, index): forward and backward, CPU and CUDA regenerate the same numbers.
 #pragma once
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/common/hd.h"
@@ -121,5 +122,32 @@ inline bool sampled_grad_draws_fit(int T, int HS, int samples, bool signed_start
     const bool lazy_fits = 2ull * (uint64_t)row_samples_max <= lazy_gumbel_sample_capacity(T);
     return exact_fits && (!lazy_gumbel || lazy_fits);
 }
+
+// How far a draw was from being decided otherwise: the smallest relative gap of
+// the comparisons that decided it (a target against a cumulative sum, two
+// perturbed scores, a skip against an integer). The CPU computes the fp64
+// transcendentals with glibc, a GPU with its own exp and log, which agree to an
+// ulp or two (~1e-16 relative): so a draw whose margin exceeds kDrawMarginOfAgreement
+// picks the same key on every device, and tests that demand equal samples
+// natively check first that every draw clears it (a draw closer than that could
+// go either way; with random inputs that happens with probability ~1e-12 per
+// comparison). Only tests ask for margins; the kernels pass none.
+constexpr double kDrawMarginOfAgreement = 1e-12;
+
+struct DrawMargin {
+    double smallest = (double)INFINITY;
+    // the comparison a > b (or a < b) of two fp64 values
+    KNNGPT_HD void compare(double a, double b) {
+        if (!(a > -(double)INFINITY) || !(b > -(double)INFINITY)) return;  // against -inf: never close
+        const double scale = fmax(1.0, fmax(fabs(a), fabs(b)));
+        smallest = fmin(smallest, fabs(a - b) / scale);
+    }
+    // floor(x): how close x is to an integer
+    KNNGPT_HD void floor_of(double x) {
+        if (!(fabs(x) < 9007199254740992.0)) return;  // inf, or beyond 2^53: floor is x itself
+        const double nearest = floor(x + 0.5);
+        smallest = fmin(smallest, fabs(x - nearest) / fmax(1.0, fabs(x)));
+    }
+};
 
 }  // namespace knngpt

@@ -101,9 +101,11 @@ struct LazyGumbelTailCursor {
 //                (unchecked here: cpu::lazy_gumbel_sample checks them)
 //   sample_index < lazy_gumbel_sample_capacity(n_i) (unchecked here)
 //   exceeders, fell_back   if not null: the exceeders evaluated, and whether the cap hit
+//   margin       if not null: every comparison that decided the sample (draws.h)
 KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
                                       const int* topk, int k, const DrawSite& site, uint32_t sample_index,
-                                      int max_exceeders, int* exceeders, bool* fell_back) {
+                                      int max_exceeders, int* exceeders, bool* fell_back,
+                                      DrawMargin* margin = nullptr) {
     const uint32_t base = sample_index * lazy_gumbel_calls_per_sample(n_i);
     const double inf = (double)INFINITY;
 
@@ -115,6 +117,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         const int j = topk[head];
         const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
         const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_HEAD_GUMBEL, base, head)));
+        if (margin) margin->compare(s + g, M);
         if (s + g > M) { M = s + g; best = j; }
         s_min = s < s_min ? s : s_min;
     }
@@ -127,6 +130,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         for (int j = 0; j < n_i; j++) {
             const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
+            if (margin) margin->compare(s + g, M);
             if (s + g > M) { M = s + g; best = j; }
         }
     } else if (tail > 0) {
@@ -141,7 +145,9 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         long long pos = -1;
         for (int step = 0;; step++) {
             const double u = lazy_gumbel_uniform(site, DRAW_GEOMETRIC_SKIP, base, step);
-            const double skip = floor(log(u) / log_no_exceed);  // +inf when p = 0
+            const double quotient = log(u) / log_no_exceed;  // +inf when p = 0
+            const double skip = floor(quotient);
+            if (margin && quotient < (double)tail) margin->floor_of(quotient);
             if (!((double)pos + 1.0 + skip < (double)tail)) break;
             pos += 1 + (long long)skip;
             x++;
@@ -149,16 +155,19 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
             const double g = -log(-log1p(ut * trunc_scale));  // Gumbel truncated to (B, inf)
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
+            if (margin) margin->compare(s + g, M);
             if (s + g > M) { M = s + g; best = j; }
             if (x > max_exceeders) {
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
                     const double gr = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
+                    if (margin) margin->compare(gr, B);
                     if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
                     x++;
                     const int jr = cursor.key(rest);
                     const double sr = attention_score(q_i, keys + (size_t)jr * stride, HS, tau);
+                    if (margin) margin->compare(sr + gr, M);
                     if (sr + gr > M) { M = sr + gr; best = jr; }
                 }
                 break;

@@ -48,7 +48,7 @@ using knngpt::LazyGumbelTailCursor;
 // relies on this); on a violation one line to stderr and abort().
 inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
                               const int* topk, int k, const DrawSite& site, uint32_t sample_index,
-                              int max_exceeders, int* exceeders, bool* fell_back) {
+                              int max_exceeders, int* exceeders, bool* fell_back, DrawMargin* margin = nullptr) {
     if ((uint64_t)sample_index >= lazy_gumbel_sample_capacity(n_i)) {
         std::fprintf(stderr, "kernels/cpu/gumbel_attention.h: sample_index %u out of range for a row of %d keys "
                      "(expected < %llu)\n", sample_index, n_i, (unsigned long long)lazy_gumbel_sample_capacity(n_i));
@@ -63,7 +63,7 @@ inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, i
         }
     }
     return lazy_gumbel_sample_core(q_i, keys, stride, HS, tau, n_i, topk, k, site, sample_index, max_exceeders,
-                                   exceeders, fell_back);
+                                   exceeders, fell_back, margin);
 }
 
 inline void gumbel_attention_forward(float* out, const float* qkv, const int* topk_idx, int B, int T, int C, int NH,

@@ -57,18 +57,49 @@ namespace knngpt::cpu {
 
 using knngpt::GradSampleSource;
 
-// Inverse-CDF pick from ascending cumulative weights cdf[0..n): the first l with cdf[l] > u cdf[n-1].
-inline int sampled_grad_pick(const double* cdf, int n, double u) {
-    const int l = (int)(std::upper_bound(cdf, cdf + n, u * cdf[n - 1]) - cdf);
+// Inverse-CDF pick from ascending cumulative weights cdf[0..n): the first l with
+// cdf[l] > u cdf[n-1]. margin (tests): the target against the two sums around it.
+inline int sampled_grad_pick(const double* cdf, int n, double u, DrawMargin* margin = nullptr) {
+    const double target = u * cdf[n - 1];
+    const int l = (int)(std::upper_bound(cdf, cdf + n, target) - cdf);
+    if (margin) {
+        if (l < n) margin->compare(cdf[l], target);
+        if (l > 0) margin->compare(cdf[l - 1], target);
+    }
     return l < n ? l : n - 1;
 }
 
+// Signed-start dV's walk starts of one (b, h): for each column c of d_o (row i at
+// i * row_stride, T rows), the N = T s walk starts counted per row into
+// walk_counts[c * T + i], and the walk weight ||x||_1 / N into walk_weight[c].
+// cdf: scratch of T doubles.
+inline void sampled_grad_walk_starts(int* walk_counts, double* walk_weight, const float* d_o, size_t row_stride, int T,
+                                     int HS, int samples, const DrawSite& head_site, double* cdf,
+                                     DrawMargin* margin = nullptr) {
+    const long long walks = (long long)T * samples;
+    std::fill(walk_counts, walk_counts + (size_t)HS * T, 0);
+    for (int c = 0; c < HS; c++) {
+        double l1 = 0.0;
+        for (int i = 0; i < T; i++) {
+            l1 += std::fabs((double)d_o[(size_t)i * row_stride + c]);
+            cdf[i] = l1;
+        }
+        walk_weight[c] = l1 / (double)walks;
+        if (l1 == 0.0) continue;  // column of zeros: no walks, dV column 0
+        for (long long n = 0; n < walks; n++) {
+            Philox4 w = philox_draw(head_site, DRAW_GRADIENT_SAMPLE, walk_start_draw_index(c, walks, n));
+            walk_counts[(size_t)c * T + sampled_grad_pick(cdf, T, uniform_open01_f64(w.x[0], w.x[1]), margin)]++;
+        }
+    }
+}
+
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
-// cdf: scratch of n_i doubles (ExactRow). Returns exceeders and fallbacks in the counters.
+// cdf: scratch of n_i doubles (ExactRow). Returns exceeders and fallbacks in the counters;
+// margin (tests): the draws' margins (kernels/common/draws.h).
 inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source, const float* q_i,
                                      const float* keys, int stride, int HS, float tau, int n_i, const int* topk,
                                      int k, const DrawSite& site, double* cdf, long long* exceeders,
-                                     long long* fallbacks) {
+                                     long long* fallbacks, DrawMargin* margin = nullptr) {
     if (count <= 0) return;
     if (source == GradSampleSource::ExactRow) {
         // the causal row: weights exp(s_ij - max) and their running sums, in fp64
@@ -84,7 +115,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
         }
         for (int m = 0; m < count; m++) {
             Philox4 w = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)m);
-            J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]));
+            J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
         }
     } else {
         int head = 0;
@@ -93,8 +124,8 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
         for (int m = 0; m < count; m++) {
             int x = 0;
             bool fell_back = false;
-            J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site, sampled_grad_sample_number((uint32_t)m),
-                                      max_exceeders, &x, &fell_back);
+            J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site,
+                                      sampled_grad_sample_number((uint32_t)m), max_exceeders, &x, &fell_back, margin);
             *exceeders += x;
             *fallbacks += fell_back ? 1 : 0;
         }
@@ -113,7 +144,6 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
     if (s < 1) throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + ", expected >= 1");
     if (source == GradSampleSource::LazyGumbel && (!topk_idx || k < 1))
         throw std::invalid_argument(std::string(where) + "topk_idx with k >= 1 expected for the LazyGumbel source");
-    const long long walks = (long long)T * s;  // per column, signed-start dV
     if (!sampled_grad_draws_fit(T, HS, s, signed_start_dv, source == GradSampleSource::LazyGumbel))
         throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + " at T = " +
                                     std::to_string(T) + " overflows the 28-bit draw index, expected fewer");
@@ -139,21 +169,9 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
 
                 // signed-start dV: the walk starts of every column, counted per row
                 if (signed_start_dv) {
-                    walk_counts.assign((size_t)HS * T, 0);
-                    const DrawSite start_site = head_draw_site(seed, step, layer, NH, h, b, T);
-                    for (int c = 0; c < HS; c++) {
-                        double l1 = 0.0;
-                        for (int i = 0; i < T; i++) {
-                            l1 += std::fabs((double)d_o[(size_t)i * C + c]);
-                            cdf[i] = l1;
-                        }
-                        walk_weight[c] = l1 / (double)walks;
-                        if (l1 == 0.0) continue;  // column of zeros: no walks, dV column 0
-                        for (long long n = 0; n < walks; n++) {
-                            Philox4 w = philox_draw(start_site, DRAW_GRADIENT_SAMPLE, walk_start_draw_index(c, walks, n));
-                            walk_counts[(size_t)c * T + sampled_grad_pick(cdf.data(), T, uniform_open01_f64(w.x[0], w.x[1]))]++;
-                        }
-                    }
+                    walk_counts.resize((size_t)HS * T);
+                    sampled_grad_walk_starts(walk_counts.data(), walk_weight.data(), d_o, C, T, HS, s,
+                                             head_draw_site(seed, step, layer, NH, h, b, T), cdf.data());
                 }
 
                 for (int i = 0; i < T; i++) {
