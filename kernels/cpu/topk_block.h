@@ -79,36 +79,39 @@ inline float topk_round_up(double x) {
     return (double)f >= x ? f : std::nextafter(f, INFINITY);
 }
 
-// a . b in fp32 with eight partial sums (vectorisable, fixed order); clustering only
+// the sum over d < n of term(d) in fp32, in a fixed order: eight partial sums over the
+// groups of eight (vectorisable), the tail, then the partial sums. Clustering only.
+template <class Term>
+inline float topk_sum_fast(int n, Term term) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    int d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int l = 0; l < 8; l++) acc[l] += term(d + l);
+    float s = 0.0f;
+    for (; d < n; d++) s += term(d);
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+// a . b and ||a - b||^2 that way
 inline float topk_dot_fast(const float* a, const float* b, int n) {
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int d = 0;
-    for (; d + 8 <= n; d += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[d + l] * b[d + l];
-    float s = 0.0f;
-    for (; d < n; d++) s += a[d] * b[d];
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s;
+    return topk_sum_fast(n, [=](int d) { return a[d] * b[d]; });
 }
-
-// ||a - b||^2 in the same way
 inline float topk_dist2_fast(const float* a, const float* b, int n) {
-    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    int d = 0;
-    for (; d + 8 <= n; d += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (a[d + l] - b[d + l]) * (a[d + l] - b[d + l]);
-    float s = 0.0f;
-    for (; d < n; d++) s += (a[d] - b[d]) * (a[d] - b[d]);
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s;
+    return topk_sum_fast(n, [=](int d) { return (a[d] - b[d]) * (a[d] - b[d]); });
 }
 
-// max ||x_r - mean||^2 over n rows (fp32, fixed order); mean is scratch of HS floats
-inline float topk_radius2(const float* rows, int n, int HS, float* mean) {
+// the fp32 mean of n rows of HS floats, summed in row order
+inline void topk_mean(float* mean, const float* rows, int n, int HS) {
     std::fill(mean, mean + HS, 0.0f);
     for (int r = 0; r < n; r++)
         for (int d = 0; d < HS; d++) mean[d] += rows[(size_t)r * HS + d];
     for (int d = 0; d < HS; d++) mean[d] /= (float)n;
+}
+
+// max ||x_r - mean||^2 over n rows (fp32, fixed order); mean is scratch of HS floats
+inline float topk_radius2(const float* rows, int n, int HS, float* mean) {
+    topk_mean(mean, rows, n, HS);
     float r2 = 0.0f;
     for (int r = 0; r < n; r++) r2 = std::max(r2, topk_dist2_fast(rows + (size_t)r * HS, mean, HS));
     return r2;
@@ -125,10 +128,7 @@ inline int topk_bisect(float* x, int* pos, int lo, int hi, int HS, int min_side,
     p.resize(n);
     side.assign(n, 2);  // 2: not assigned yet
     // seeds: a farthest from the mean, b farthest from a
-    std::fill(ca.begin(), ca.end(), 0.0f);
-    for (int r = 0; r < n; r++)
-        for (int d = 0; d < HS; d++) ca[d] += rows[(size_t)r * HS + d];
-    for (int d = 0; d < HS; d++) ca[d] /= (float)n;
+    topk_mean(ca.data(), rows, n, HS);
     int a = 0, b = 0;
     float best = -1.0f;
     for (int r = 0; r < n; r++) {
@@ -280,11 +280,8 @@ inline void topk_block_head_build(TopkBlockHead& head, const float* k_head, size
     for (int c = 0; c < nb; c++) {
         const int u0 = head.block_start[c], u1 = head.block_start[c + 1];
         // panel: key u of the block in chunk chunk_start[c] + u / 8, lane u % 8
-        for (int u = u0; u < u1; u++) {
-            const float* key = k_head + (size_t)head.keys[u] * key_stride;
-            float* chunk = head.panel.data() + (size_t)(head.chunk_start[c] + (u - u0) / kTopkLanes) * HS * kTopkLanes;
-            for (int d = 0; d < HS; d++) chunk[d * kTopkLanes + (u - u0) % kTopkLanes] = key[d];
-        }
+        topk_pack_chunks(head.panel.data() + (size_t)head.chunk_start[c] * HS * kTopkLanes, u1 - u0, HS,
+                         [&](int u) { return k_head + (size_t)head.keys[u0 + u] * key_stride; });
         float* centroid = head.centroids.data() + (size_t)c * HS;
         std::fill(mean.begin(), mean.end(), 0.0);
         for (int u = u0; u < u1; u++)
@@ -353,7 +350,7 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
         max_chunks = std::max(max_chunks, head.chunk_start[head.num_blocks]);
     }
     const int QB = kTopkQueryBlock;
-    const int num_qblocks = (T + QB - 1) / QB;
+    const int num_qblocks = topk_num_query_blocks(T);
     // phase 2 scores a block's chunks in pairs: at most block_pairs chunks, rows ld apart
     const int block_pairs = (topk_num_chunks(std::min(block_size, T)) + 1) / 2 * 2;
     const size_t ld = (size_t)block_pairs * kTopkLanes;
@@ -378,12 +375,9 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 for (int qblk = 0; qblk < num_qblocks; qblk++) {
-                    const int i0 = (num_qblocks - 1 - qblk) * QB;
-                    const int i1 = std::min(i0 + QB, T);
+                    const auto [i0, i1, i_search] = topk_query_rows(idx, b, h, qblk, T, NH, k);
                     const TopkBlockHead& head = heads[(size_t)b * NH + h];
                     const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-                    const int i_search = std::max(i0, std::min(k, i1));
-                    for (int i = i0; i < i_search; i++) topk_write_all_keys(idx + topk_idx_row(b, h, i, T, NH, k), i, k);
                     if (i_search == i1) continue;
                     // q . c for the searching rows and every block holding a key <= i1 - 1
                     // (blocks are ordered by first key: these are a prefix)
@@ -468,8 +462,7 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
                         for (int c = 0; c < row_nvis[r]; c++)
                             if (bound[c] != -INFINITY && bound[c] >= kth) pair_rows[pair_start[c]++] = r;
                     }
-                    for (int c = visible; c > 0; c--) pair_start[c] = pair_start[c - 1];  // back to the starts
-                    pair_start[0] = 0;
+                    topk_rewind_bucket_starts(pair_start.data(), visible);
                     int n_needed = 0;
                     for (int c = 0; c < visible; c++)
                         if (pair_start[c + 1] > pair_start[c]) block_order[n_needed++] = c;
@@ -495,10 +488,9 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
                             // repeats its last row
                             const int n_max = topk_causal_count(head, c, i_search + group[ng - 1]);
                             const int nch = (topk_num_chunks(n_max) + 1) / 2 * 2;
-                            for (int s = 0; s < 4; s++) {
-                                const float* q = q_head + (size_t)(i_search + group[std::min(s, ng - 1)]) * C3;
-                                for (int d = 0; d < HS; d++) q4[4 * d + s] = q[d];
-                            }
+                            const float* q[4];
+                            for (int s = 0; s < 4; s++) q[s] = q_head + (size_t)(i_search + group[std::min(s, ng - 1)]) * C3;
+                            topk_interleave_queries(q4.data(), q, HS);
                             topk_score_chunks_4q(scores.data(), ld, q4.data(), panel, nch, HS);
                             for (int s = 0; s < ng; s++) {
                                 const int n = topk_causal_count(head, c, i_search + group[s]);

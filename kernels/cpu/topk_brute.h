@@ -32,7 +32,7 @@ inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, i
     const size_t ld_scores = (size_t)chunks * kTopkLanes;
     std::vector<float> panels((size_t)B * NH * panel_size);
     topk_pack_keys(panels.data(), qkv, B, T, C, NH);
-    const int num_blocks = (T + kTopkQueryBlock - 1) / kTopkQueryBlock;
+    const int num_blocks = topk_num_query_blocks(T);
     long long scores_computed = 0;
     #pragma omp parallel reduction(+ : scores_computed)
     {
@@ -44,19 +44,15 @@ inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, i
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 for (int blk = 0; blk < num_blocks; blk++) {
-                    // the last blocks see the most keys: hand them out first
-                    const int i0 = (num_blocks - 1 - blk) * kTopkQueryBlock;
-                    const int i1 = std::min(i0 + kTopkQueryBlock, T);
+                    const auto [i0, i1, i_search] = topk_query_rows(idx, b, h, blk, T, NH, k);
                     const float* panel = panels.data() + ((size_t)b * NH + h) * panel_size;
                     const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-                    // rows i < k take every key; searching starts at i_search
-                    const int i_search = std::max(i0, std::min(k, i1));
-                    for (int i = i0; i < i_search; i++) topk_write_all_keys(idx + topk_idx_row(b, h, i, T, NH, k), i, k);
                     // scores of rows i_search..i1-1 against the chunks each row needs
                     int first = i_search;  // four rows first, ..first + 3
                     for (; first + 4 <= i1; first += 4) {
-                        for (int r = 0; r < 4; r++)
-                            for (int d = 0; d < HS; d++) q4[4 * d + r] = q_head[(size_t)(first + r) * C3 + d];
+                        const float* q[4];
+                        for (int r = 0; r < 4; r++) q[r] = q_head + (size_t)(first + r) * C3;
+                        topk_interleave_queries(q4.data(), q, HS);
                         topk_score_chunks_4q(scores.data() + (size_t)(first - i0) * ld_scores, ld_scores, q4.data(),
                                              panel, topk_num_chunks(first + 4), HS);
                     }

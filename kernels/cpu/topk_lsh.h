@@ -129,9 +129,7 @@ inline void causal_topk_lsh(int* idx, const float* qkv, int B, int T, int C, int
                     for (int j = 0; j < T; j++) start[key_code[(size_t)j * L + t] + 1]++;
                     for (int u = 0; u < num_buckets; u++) start[u + 1] += start[u];
                     for (int j = 0; j < T; j++) keys_t[start[key_code[(size_t)j * L + t]]++] = j;
-                    // the fill advanced start[u] to the end of bucket u: shift back
-                    for (int u = num_buckets; u > 0; u--) start[u] = start[u - 1];
-                    start[0] = 0;
+                    topk_rewind_bucket_starts(start, num_buckets);
                 }
                 std::fill(seen.begin(), seen.end(), -1);
                 std::fill(chunk_seen.begin(), chunk_seen.end(), -1);

@@ -30,17 +30,23 @@ constexpr int kTopkLanes = 8;  // keys per panel chunk: one vector of fp32 score
 
 inline int topk_num_chunks(int T) { return (T + kTopkLanes - 1) / kTopkLanes; }
 
-// one head: panel (chunks, HS, 8) from the keys k_head[j * key_stride + d], j < T
-inline void topk_pack_head_keys(float* panel, const float* k_head, size_t key_stride, int T, int HS) {
-    const int chunks = topk_num_chunks(T);
-    for (int c = 0; c < chunks; c++) {
+// n keys into panel chunks (ceil(n / 8), HS, 8), key u = key_of(u) in chunk u / 8, lane
+// u % 8, zero lanes after the last key
+template <class KeyOf>
+inline void topk_pack_chunks(float* panel, int n, int HS, KeyOf key_of) {
+    for (int c = 0; c < topk_num_chunks(n); c++) {
         float* chunk = panel + (size_t)c * HS * kTopkLanes;
         for (int l = 0; l < kTopkLanes; l++) {
-            const int j = c * kTopkLanes + l;
-            const float* key = k_head + (size_t)j * key_stride;
-            for (int d = 0; d < HS; d++) chunk[d * kTopkLanes + l] = j < T ? key[d] : 0.0f;
+            const int u = c * kTopkLanes + l;
+            const float* key = u < n ? key_of(u) : nullptr;
+            for (int d = 0; d < HS; d++) chunk[d * kTopkLanes + l] = key ? key[d] : 0.0f;
         }
     }
+}
+
+// one head: panel (chunks, HS, 8) from the keys k_head[j * key_stride + d], j < T
+inline void topk_pack_head_keys(float* panel, const float* k_head, size_t key_stride, int T, int HS) {
+    topk_pack_chunks(panel, T, HS, [=](int j) { return k_head + (size_t)j * key_stride; });
 }
 
 // every head: panels (B, NH, chunks, HS, 8)
@@ -85,46 +91,43 @@ inline TopkLaneVec topk_lanes_fma(float a, TopkLaneVec b, TopkLaneVec acc) {
 }
 #endif
 
-// scores of one query q against chunks [c0, c1) of a panel: out[(c - c0) * 8 + l]
+// N independent chains (N chunks in flight keep both fma ports busy): the scores of the
+// query q[d * q_step] against the 8 keys of each chunk[u] into out[u * 8 + l]
+template <int N>
+inline void topk_score_chunk_group(float* out, const float* q, int q_step, const float* const* chunk, int HS) {
+    TopkLaneVec acc[N];
+    for (int u = 0; u < N; u++) acc[u] = topk_lanes_zero();
+    for (int d = 0; d < HS; d++) {
+        const float qd = q[d * q_step];
+        for (int u = 0; u < N; u++) acc[u] = topk_lanes_fma(qd, topk_lanes_load(chunk[u] + d * kTopkLanes), acc[u]);
+    }
+    for (int u = 0; u < N; u++) topk_lanes_store(out + u * kTopkLanes, acc[u]);
+}
+
+// scores of one query q against chunks [c0, c1) of a panel: out[(c - c0) * 8 + l];
+// eight chunks (64 keys) at a time, then four, then one
 inline void topk_score_chunks(float* out, const float* q, const float* panel, int c0, int c1, int HS) {
     const size_t chunk_size = (size_t)HS * kTopkLanes;
+    const float* chunk[8];
     int c = c0;
-    // eight chunks (64 keys) at a time: eight independent chains keep both fma ports busy
     for (; c + 8 <= c1; c += 8) {
-        const float* k0 = panel + (size_t)c * chunk_size;
-        TopkLaneVec acc[8];
-        for (int u = 0; u < 8; u++) acc[u] = topk_lanes_zero();
-        for (int d = 0; d < HS; d++) {
-            const float qd = q[d];
-            const float* kd = k0 + d * kTopkLanes;
-            for (int u = 0; u < 8; u++) acc[u] = topk_lanes_fma(qd, topk_lanes_load(kd + u * chunk_size), acc[u]);
-        }
-        for (int u = 0; u < 8; u++) topk_lanes_store(out + (size_t)(c - c0 + u) * kTopkLanes, acc[u]);
+        for (int u = 0; u < 8; u++) chunk[u] = panel + (size_t)(c + u) * chunk_size;
+        topk_score_chunk_group<8>(out + (size_t)(c - c0) * kTopkLanes, q, 1, chunk, HS);
     }
-    // then four: four chains
     for (; c + 4 <= c1; c += 4) {
-        const float* k0 = panel + (size_t)c * chunk_size;
-        TopkLaneVec a0 = topk_lanes_zero(), a1 = topk_lanes_zero(), a2 = topk_lanes_zero(), a3 = topk_lanes_zero();
-        for (int d = 0; d < HS; d++) {
-            const float qd = q[d];
-            const float* kd = k0 + d * kTopkLanes;
-            a0 = topk_lanes_fma(qd, topk_lanes_load(kd), a0);
-            a1 = topk_lanes_fma(qd, topk_lanes_load(kd + chunk_size), a1);
-            a2 = topk_lanes_fma(qd, topk_lanes_load(kd + 2 * chunk_size), a2);
-            a3 = topk_lanes_fma(qd, topk_lanes_load(kd + 3 * chunk_size), a3);
-        }
-        float* o = out + (size_t)(c - c0) * kTopkLanes;
-        topk_lanes_store(o, a0);
-        topk_lanes_store(o + kTopkLanes, a1);
-        topk_lanes_store(o + 2 * kTopkLanes, a2);
-        topk_lanes_store(o + 3 * kTopkLanes, a3);
+        for (int u = 0; u < 4; u++) chunk[u] = panel + (size_t)(c + u) * chunk_size;
+        topk_score_chunk_group<4>(out + (size_t)(c - c0) * kTopkLanes, q, 1, chunk, HS);
     }
     for (; c < c1; c++) {
-        const float* k0 = panel + (size_t)c * chunk_size;
-        TopkLaneVec a0 = topk_lanes_zero();
-        for (int d = 0; d < HS; d++) a0 = topk_lanes_fma(q[d], topk_lanes_load(k0 + d * kTopkLanes), a0);
-        topk_lanes_store(out + (size_t)(c - c0) * kTopkLanes, a0);
+        chunk[0] = panel + (size_t)c * chunk_size;
+        topk_score_chunk_group<1>(out + (size_t)(c - c0) * kTopkLanes, q, 1, chunk, HS);
     }
+}
+
+// q4[4 d + r] = q[r][d]: four queries interleaved, the layout of topk_score_chunks_4q
+inline void topk_interleave_queries(float* q4, const float* const* q, int HS) {
+    for (int r = 0; r < 4; r++)
+        for (int d = 0; d < HS; d++) q4[4 * d + r] = q[r][d];
 }
 
 // scores of four queries against chunks [0, c1): row r at out + r * ld_out. q4 holds
@@ -161,35 +164,27 @@ inline void topk_score_chunks_4q(float* out, size_t ld_out, const float* q4, con
         topk_lanes_store(out + 3 * ld_out + o + kTopkLanes, a31);
     }
     if (c < c1) {  // an odd last chunk, one query at a time
-        for (int r = 0; r < 4; r++) {
-            const float* k0 = panel + (size_t)c * chunk_size;
-            TopkLaneVec a0 = topk_lanes_zero();
-            for (int d = 0; d < HS; d++) a0 = topk_lanes_fma(q4[4 * d + r], topk_lanes_load(k0 + d * kTopkLanes), a0);
-            topk_lanes_store(out + r * ld_out + (size_t)c * kTopkLanes, a0);
-        }
+        const float* chunk[1] = {panel + (size_t)c * chunk_size};
+        for (int r = 0; r < 4; r++)
+            topk_score_chunk_group<1>(out + r * ld_out + (size_t)c * kTopkLanes, q4 + r, 4, chunk, HS);
     }
 }
 
 // scores of one query against a list of chunks of a panel: out[u * 8 + l] for chunk
-// chunk_ids[u], eight chunks at a time (independent chains), then one at a time
+// chunk_ids[u], eight chunks at a time, then one at a time
 inline void topk_score_chunk_list(float* out, const float* q, const float* panel, const int* chunk_ids, int n,
                                   int HS) {
     const size_t chunk_size = (size_t)HS * kTopkLanes;
+    const float* chunk[8];
     int u = 0;
     for (; u + 8 <= n; u += 8) {
-        const float* k[8];
-        TopkLaneVec acc[8];
-        for (int v = 0; v < 8; v++) {
-            k[v] = panel + (size_t)chunk_ids[u + v] * chunk_size;
-            acc[v] = topk_lanes_zero();
-        }
-        for (int d = 0; d < HS; d++) {
-            const float qd = q[d];
-            for (int v = 0; v < 8; v++) acc[v] = topk_lanes_fma(qd, topk_lanes_load(k[v] + d * kTopkLanes), acc[v]);
-        }
-        for (int v = 0; v < 8; v++) topk_lanes_store(out + (size_t)(u + v) * kTopkLanes, acc[v]);
+        for (int v = 0; v < 8; v++) chunk[v] = panel + (size_t)chunk_ids[u + v] * chunk_size;
+        topk_score_chunk_group<8>(out + (size_t)u * kTopkLanes, q, 1, chunk, HS);
     }
-    for (; u < n; u++) topk_score_chunks(out + (size_t)u * kTopkLanes, q, panel, chunk_ids[u], chunk_ids[u] + 1, HS);
+    for (; u < n; u++) {
+        chunk[0] = panel + (size_t)chunk_ids[u] * chunk_size;
+        topk_score_chunk_group<1>(out + (size_t)u * kTopkLanes, q, 1, chunk, HS);
+    }
 }
 
 }  // namespace knngpt::cpu

@@ -158,4 +158,32 @@ inline void topk_check_shapes(int B, int T, int C, int NH, int k) {
     topk_check(k >= 1, "k must be >= 1");
 }
 
+// ----------------------------------------------------------------------------
+// query blocks: the OpenMP work items of the brute and block indexes
+
+inline int topk_num_query_blocks(int T) { return (T + kTopkQueryBlock - 1) / kTopkQueryBlock; }
+
+// rows [i0, i1) of query block blk of (b, h), those from i_search on search
+struct TopkQueryRows {
+    int i0, i1, i_search;
+};
+
+// Query block blk counts from the end (the last blocks see the most keys: they are handed
+// out first). Writes the block's rows i < k, which take every key, and returns its rows.
+inline TopkQueryRows topk_query_rows(int* idx, int b, int h, int blk, int T, int NH, int k) {
+    const int i0 = (topk_num_query_blocks(T) - 1 - blk) * kTopkQueryBlock;
+    const int i1 = std::min(i0 + kTopkQueryBlock, T);
+    const int i_search = std::max(i0, std::min(k, i1));
+    for (int i = i0; i < i_search; i++) topk_write_all_keys(idx + topk_idx_row(b, h, i, T, NH, k), i, k);
+    return {i0, i1, i_search};
+}
+
+// A counting sort into buckets: count item x at start[bucket(x) + 1], take prefix sums,
+// place x at start[bucket(x)]++; that last pass leaves start[u] at the end of bucket u,
+// and this moves the entries back to the starts (start has num_buckets + 1 entries).
+inline void topk_rewind_bucket_starts(int* start, int num_buckets) {
+    for (int u = num_buckets; u > 0; u--) start[u] = start[u - 1];
+    start[0] = 0;
+}
+
 }  // namespace knngpt::cpu
