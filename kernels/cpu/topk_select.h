@@ -1,6 +1,6 @@
 // kernels/cpu/topk_select.h — what the CPU top-k indexes share: the selection of the k
-// best keys, the layout of the output rows, the statistics and the argument checks
-// (ALGORITHMS.md §2.1, §9.2).
+// best keys, the layout of the output rows, the query blocks, the statistics and the
+// argument checks (ALGORITHMS.md §2.1, §9.2).
 //
 //   rank    key a above key b  iff  s_a > s_b, or s_a == s_b and a < b   (ties to the smaller index)
 //   select  TopkSelector(k): of the (score, key) pairs offered in any order, the k ranked
@@ -8,6 +8,8 @@
 //           of the current best k; once it is full a key enters iff it ranks above the root.
 //   rows    idx (B, NH, T, k), row (b, h, i) at topk_idx_row: its keys ascending; a row with
 //           i + 1 <= k causal keys holds 0..i, then -1 (topk_write_all_keys)
+//   blocks  the OpenMP work items of brute and block: kTopkQueryBlock consecutive queries
+//           of one (b, h), the last block first (it sees the most keys; topk_query_rows)
 //   stats   TopkStats, accumulated with +=, only over the rows that search (i + 1 > k):
 //             scores_computed  query-key scores evaluated (brute: i + 1 per row; block: the
 //                              keys j <= i of the visited blocks; lsh: the candidates)
