@@ -2,8 +2,9 @@
 // (ALGORITHMS.md §2.1, §6, §9.2).
 //
 // References written here:
-//   - a full sort per row by (score desc, index asc), scores from topk_score (the
+//   - a full sort per row by (score desc, index asc), scores from attention_dot (the
 //     score definition the indices share), so exact indices must match it exactly;
+//   - attention_dot itself for the 8-lane panel routines, bit for bit per lane;
 //   - on small-integer inputs every fp32 score is an exact integer, so there the
 //     reference uses exact double dot products and ties are genuine;
 //   - for lsh, the candidate rule re-derived from the hash codes (lsh_codes), and
@@ -16,7 +17,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -290,6 +293,94 @@ TEST(TopkScore, IsWithinFp32RoundingOfTheExactDotProduct) {
             const double u = std::ldexp(1.0, -24), gamma = HS * u / (1.0 - HS * u);
             ASSERT_LE(std::fabs(knngpt::attention_dot(q.data(), k.data(), HS) - exact), gamma * magnitude) << "HS=" << HS;
         }
+    }
+}
+
+// The panel routines compute 8 keys per vector lane; each lane must be attention_dot
+// exactly, in the routines a build uses and in each lane backend it compiles (the
+// per-lane std::fma loop always; the AVX/FMA intrinsics where this CPU has them). Key
+// counts that are not multiples of 8 leave zero-padded lanes in the last chunk; the
+// chunk counts (10, 17, 23 chunks) reach every unrolled path and every tail.
+namespace {
+
+struct PanelRoutines {
+    const char* name;
+    void (*chunks)(float*, const float*, const float*, int, int, int);
+    void (*chunks_4q)(float*, size_t, const float*, const float*, int, int);
+    void (*chunk_list)(float*, const float*, const float*, const int*, int, int);
+};
+
+vector<PanelRoutines> panel_routines() {
+    vector<PanelRoutines> all{{"in use", cpu::topk_score_chunks, cpu::topk_score_chunks_4q, cpu::topk_score_chunk_list},
+                              {"portable", cpu::topk_lanes_portable::topk_score_chunks,
+                               cpu::topk_lanes_portable::topk_score_chunks_4q,
+                               cpu::topk_lanes_portable::topk_score_chunk_list}};
+#if KNNGPT_TOPK_LANES_FMA
+    if (cpu::topk_lanes_use_fma())
+        all.push_back({"avx/fma", cpu::topk_lanes_fma::topk_score_chunks, cpu::topk_lanes_fma::topk_score_chunks_4q,
+                       cpu::topk_lanes_fma::topk_score_chunk_list});
+#endif
+    return all;
+}
+
+}  // namespace
+
+TEST(TopkScore, PanelLanesEqualTheScoreBitForBit) {
+    const auto same_bits = [](float x, float y) {
+        uint32_t a, b;
+        std::memcpy(&a, &x, 4);
+        std::memcpy(&b, &y, 4);
+        return a == b;
+    };
+    for (const PanelRoutines& routines : panel_routines()) {
+        std::mt19937 gen(4);
+        std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+        long long compared = 0;
+        for (int HS = 1; HS <= 130; HS++) {
+            for (int T : {77, 133, 179}) {
+                const size_t stride = HS + 3;  // keys as rows of a wider tensor, like the k channels of qkv
+                vector<float> keys((size_t)T * stride), q4((size_t)4 * HS);
+                vector<vector<float>> q(4, vector<float>(HS));
+                for (auto& x : keys) x = dist(gen);
+                for (int r = 0; r < 4; r++)
+                    for (int d = 0; d < HS; d++) q4[4 * d + r] = q[r][d] = dist(gen);
+                const int chunks = cpu::topk_num_chunks(T);
+                vector<float> panel((size_t)chunks * HS * cpu::kTopkLanes);
+                cpu::topk_pack_head_keys(panel.data(), keys.data(), stride, T, HS);
+                // lane (c, l) against key j = c * 8 + l; padded lanes score 0
+                const auto check = [&](const float* out, int c, const vector<float>& query, const char* routine) {
+                    for (int l = 0; l < cpu::kTopkLanes; l++) {
+                        const int j = c * cpu::kTopkLanes + l;
+                        const float want = j < T ? knngpt::attention_dot(query.data(), keys.data() + j * stride, HS) : 0.0f;
+                        ASSERT_TRUE(same_bits(out[l], want)) << routines.name << " " << routine << " HS=" << HS
+                                                             << " T=" << T << " key " << j << ": " << out[l] << " vs "
+                                                             << want;
+                        compared++;
+                    }
+                };
+                vector<float> out((size_t)4 * chunks * cpu::kTopkLanes);
+                // one query, chunks [c0, chunks) for several c0
+                for (int c0 : {0, 1, 3}) {
+                    routines.chunks(out.data(), q[0].data(), panel.data(), c0, chunks, HS);
+                    for (int c = c0; c < chunks; c++)
+                        check(out.data() + (size_t)(c - c0) * cpu::kTopkLanes, c, q[0], "chunks");
+                }
+                // four queries, chunks [0, c1) for an even and an odd c1
+                const size_t ld = (size_t)chunks * cpu::kTopkLanes;
+                for (int c1 : {chunks, chunks - 1}) {
+                    routines.chunks_4q(out.data(), ld, q4.data(), panel.data(), c1, HS);
+                    for (int r = 0; r < 4; r++)
+                        for (int c = 0; c < c1; c++)
+                            check(out.data() + r * ld + (size_t)c * cpu::kTopkLanes, c, q[r], "4q");
+                }
+                // a list of chunks, in no particular order, with repeats; 8-groups and a tail
+                vector<int> list;
+                for (int u = 0; u < chunks + 3; u++) list.push_back((int)(gen() % chunks));
+                routines.chunk_list(out.data(), q[1].data(), panel.data(), list.data(), (int)list.size(), HS);
+                for (size_t u = 0; u < list.size(); u++) check(out.data() + u * cpu::kTopkLanes, list[u], q[1], "list");
+            }
+        }
+        std::printf("  %s: %lld lanes compared\n", routines.name, compared);
     }
 }
 

@@ -1,5 +1,5 @@
 // kernels/cuda/topk_index.cuh — exact causal top-k key search, fp32. Twin of
-// causal_topk_brute in kernels/cpu/topk_index.h: the same lists, bit for bit.
+// causal_topk_brute in kernels/cpu/topk_brute.h: the same lists, bit for bit.
 //
 //   For batch b, head h and query i, with causal keys j = 0..i:
 //     score(i, j) = q_i . k_j, computed as acc = 0; for d = 0..HS-1: acc = fma(q_d, k_jd, acc)
