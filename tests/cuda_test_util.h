@@ -3,14 +3,16 @@
 //   g++  (make test)                       the kernels run under the CPU emulator;
 //   nvcc -DKNNGPT_CUDA_NATIVE (make test-native)  they run on the GPU, and every
 //        test is skipped, with the reason printed, where no device exists.
-// Include it after kernels/cuda/common.cuh and BEFORE the kernel headers: it
-// redefines launch(...) to record the name of every kernel launched (then
-// launches as common.cuh does), and prints the distinct kernels once every
-// test has run, on one line tools/run_tests.sh totals:
+// Including it installs common.cuh's launch observer, which records the name of
+// every kernel launched; once every test has run, the distinct kernels are
+// printed on one line tools/run_tests.sh totals:
 //   cuda kernels run under emulation: N: name name ...     (or "natively")
+// LaunchRecord shows a test the kernels launched while it lives (which path
+// a call took).
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <set>
@@ -41,6 +43,60 @@ inline std::string launched_kernel_name(const char* launch_text) {
         if (*c != ' ' && *c != '\n' && *c != '\t') name += *c;
     return name.empty() ? std::string("?") : name;
 }
+
+class LaunchRecord;
+inline std::vector<LaunchRecord*>& live_launch_records() {
+    static std::vector<LaunchRecord*> records;
+    return records;
+}
+
+// The kernels launched, in order, from its construction to its destruction:
+//   LaunchRecord launched;
+//   knngpt::cuda::attention_forward(...);
+//   EXPECT_EQ(launched.count(attention_forward_tiled_kernel<128>), 1) << launched.names();
+//   EXPECT_EQ(launched.count("attention_forward_kernel"), 0) << launched.names();
+// count(name) counts every instantiation of a kernel template, count(kernel)
+// the one instantiation. Records may nest; each sees every launch.
+class LaunchRecord {
+  public:
+    LaunchRecord() { live_launch_records().push_back(this); }
+    ~LaunchRecord() {
+        std::vector<LaunchRecord*>& live = live_launch_records();
+        live.erase(std::remove(live.begin(), live.end(), this), live.end());
+    }
+    LaunchRecord(const LaunchRecord&) = delete;
+    LaunchRecord& operator=(const LaunchRecord&) = delete;
+
+    int count(const std::string& name) const { return (int)std::count(names_.begin(), names_.end(), name); }
+    template <typename... Params>
+    int count(void (*kernel)(Params...)) const {
+        return (int)std::count(kernels_.begin(), kernels_.end(), reinterpret_cast<const void*>(kernel));
+    }
+    // the names launched, in order, space-separated (for failure messages)
+    std::string names() const {
+        std::string all;
+        for (const std::string& name : names_) all += (all.empty() ? "" : " ") + name;
+        return all.empty() ? std::string("(none)") : all;
+    }
+
+    void add(const std::string& name, const void* kernel) {
+        names_.push_back(name);
+        kernels_.push_back(kernel);
+    }
+
+  private:
+    std::vector<std::string> names_;
+    std::vector<const void*> kernels_;
+};
+
+// common.cuh's launch observer for these tests: every kernel goes into
+// launched_kernels() and into every live LaunchRecord.
+inline void record_launch(const char* launch_text, const void* kernel) {
+    const std::string name = launched_kernel_name(launch_text);
+    launched_kernels().insert(name);
+    for (LaunchRecord* record : live_launch_records()) record->add(name, kernel);
+}
+inline const bool launch_recording_installed = (::knngpt::cuda::launch_observer() = record_launch, true);
 
 // Why native tests cannot run here ("" when a CUDA device exists, and always
 // under the emulator).
@@ -102,8 +158,3 @@ inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, flo
 #undef TEST
 #define TEST(suite, name) \
     GTEST_TEST_(suite, name, ::knngpt_test::CudaDeviceTest, ::testing::internal::GetTypeId<::knngpt_test::CudaDeviceTest>())
-
-#undef launch
-#define launch(...)                                                                       \
-    (::knngpt_test::launched_kernels().insert(::knngpt_test::launched_kernel_name(#__VA_ARGS__)), \
-     ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__))
