@@ -114,8 +114,8 @@ inline const std::string& no_device_reason() {
     return reason;
 }
 
-// The parent of every TEST in these files: skips the test, printing the
-// reason, in a native build on a machine without a CUDA device.
+// The fixture of every CUDA_TEST: skips the test, printing the reason, in a
+// native build on a machine without a CUDA device.
 class CudaDeviceTest : public testing::Test {
   protected:
     void SetUp() override {
@@ -153,8 +153,9 @@ inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, flo
 
 }  // namespace knngpt_test
 
-// TEST(...) in the kernel test files derives from CudaDeviceTest instead of
-// testing::Test (GoogleTest's own TEST with another parent class).
-#undef TEST
-#define TEST(suite, name) \
+// CUDA_TEST(Suite, Name) { ... }: a test of kernels/cuda. It is GoogleTest's
+// TEST(Suite, Name) with CudaDeviceTest for its fixture (the way TEST_F gives
+// a test its fixture), so it is skipped, saying why, in a native build on a
+// machine without a CUDA device. GoogleTest's TEST itself is left as it is.
+#define CUDA_TEST(suite, name) \
     GTEST_TEST_(suite, name, ::knngpt_test::CudaDeviceTest, ::testing::internal::GetTypeId<::knngpt_test::CudaDeviceTest>())

@@ -109,25 +109,25 @@ void check_tiled_attention(int B, int T, int C, int NH, unsigned seed) {
     }
 }
 
-TEST(CudaAttention, ReferenceHeadSize8MatchesCpu) { check_reference_attention(2, 13, 24, 3, 1); }
+CUDA_TEST(CudaAttention, ReferenceHeadSize8MatchesCpu) { check_reference_attention(2, 13, 24, 3, 1); }
 
-TEST(CudaAttention, ReferenceHeadSize32MatchesCpu) { check_reference_attention(1, 37, 64, 2, 10); }
+CUDA_TEST(CudaAttention, ReferenceHeadSize32MatchesCpu) { check_reference_attention(1, 37, 64, 2, 10); }
 
-TEST(CudaAttention, TiledHeadSize8) { check_tiled_attention(2, 13, 24, 3, 20); }
+CUDA_TEST(CudaAttention, TiledHeadSize8) { check_tiled_attention(2, 13, 24, 3, 20); }
 
-TEST(CudaAttention, TiledHeadSize32) { check_tiled_attention(1, 37, 64, 2, 30); }
+CUDA_TEST(CudaAttention, TiledHeadSize32) { check_tiled_attention(1, 37, 64, 2, 30); }
 
 // T = 70: two forward query tiles, three backward query/key tiles
-TEST(CudaAttention, TiledHeadSize24) { check_tiled_attention(1, 70, 48, 2, 40); }
+CUDA_TEST(CudaAttention, TiledHeadSize24) { check_tiled_attention(1, 70, 48, 2, 40); }
 
-TEST(CudaAttention, TiledHeadSize64) { check_tiled_attention(1, 45, 128, 2, 50); }
+CUDA_TEST(CudaAttention, TiledHeadSize64) { check_tiled_attention(1, 45, 128, 2, 50); }
 
 // MAX_HS = 128 tiles (16 rows): T = 37 spans three tiles
-TEST(CudaAttention, TiledHeadSize72) { check_tiled_attention(1, 37, 144, 2, 60); }
+CUDA_TEST(CudaAttention, TiledHeadSize72) { check_tiled_attention(1, 37, 144, 2, 60); }
 
-TEST(CudaAttention, TiledHeadSize128) { check_tiled_attention(1, 21, 256, 2, 70); }
+CUDA_TEST(CudaAttention, TiledHeadSize128) { check_tiled_attention(1, 21, 256, 2, 70); }
 
 // HS > 128 falls back to the reference kernels
-TEST(CudaAttention, HeadSize136FallsBackToReference) { check_tiled_attention(1, 9, 272, 2, 80); }
+CUDA_TEST(CudaAttention, HeadSize136FallsBackToReference) { check_tiled_attention(1, 9, 272, 2, 80); }
 
 }  // namespace

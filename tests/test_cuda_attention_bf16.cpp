@@ -164,13 +164,13 @@ void check_bf16_attention(int B, int T, int C, int NH, unsigned seed) {
     }
 }
 
-TEST(CudaAttentionBf16, HeadSize16) { check_bf16_attention(2, 37, 32, 2, 1); }
+CUDA_TEST(CudaAttentionBf16, HeadSize16) { check_bf16_attention(2, 37, 32, 2, 1); }
 
-TEST(CudaAttentionBf16, HeadSize32) { check_bf16_attention(1, 70, 64, 2, 10); }
+CUDA_TEST(CudaAttentionBf16, HeadSize32) { check_bf16_attention(1, 70, 64, 2, 10); }
 
 // T = 70: two 64-row tiles on each side
-TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention(1, 70, 128, 2, 20); }
+CUDA_TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention(1, 70, 128, 2, 20); }
 
-TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention(1, 45, 256, 2, 30); }
+CUDA_TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention(1, 45, 256, 2, 30); }
 
 }  // namespace

@@ -90,9 +90,9 @@ void expect_same_forward(const Shape& s, unsigned data_seed) {
     }
 }
 
-TEST(CudaGumbel, ForwardMatchesCpuHeadSize8) { expect_same_forward(Shape{2, 23, 24, 3}, 41); }
+CUDA_TEST(CudaGumbel, ForwardMatchesCpuHeadSize8) { expect_same_forward(Shape{2, 23, 24, 3}, 41); }
 
-TEST(CudaGumbel, ForwardMatchesCpuHeadSize32) { expect_same_forward(Shape{1, 40, 64, 2}, 51); }
+CUDA_TEST(CudaGumbel, ForwardMatchesCpuHeadSize32) { expect_same_forward(Shape{1, 40, 64, 2}, 51); }
 
 // One thread per (row i, sample number n) of head 0 of batch 0: the shared sampler on
 // the device, with the exceeder cap `cap` (< 0: the default cap).
@@ -114,7 +114,7 @@ __global__ void lazy_gumbel_probe_kernel(int* J, int* exceeders, int* fell_back,
     fell_back[thread] = fb ? 1 : 0;
 }
 
-TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
+CUDA_TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
     const Shape s{1, 60, 32, 2};
     // flat rows (small queries): many exceeders, so small caps are hit often
     vector<float> qkv = make_qkv(s, 61);
@@ -166,7 +166,7 @@ TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
 }
 
 // The unsupported configurations stop with one line before touching any pointer.
-TEST(CudaGumbel, UnsupportedConfigurationsExit) {
+CUDA_TEST(CudaGumbel, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
     auto run = [](int T, int groups, int samples) {
         knngpt::cuda::gumbel_attention_forward(nullptr, nullptr, nullptr, 1, T, 16, 2, 4, groups, samples, 1, 0, 0);

@@ -60,7 +60,7 @@ std::vector<int> token_ids(size_t n, unsigned seed) {
     return v;
 }
 
-TEST(CudaEncoder, ForwardMatchesCpu) {
+CUDA_TEST(CudaEncoder, ForwardMatchesCpu) {
     const int C = 40;
     const std::vector<int> inp = token_ids(kB * kT, 1);
     const std::vector<float> wte = uniform((size_t)kV * C, 2), wpe = uniform((size_t)kMaxT * C, 3);
@@ -73,7 +73,7 @@ TEST(CudaEncoder, ForwardMatchesCpu) {
     expect_close(d_out.to_host(), want, "out");
 }
 
-TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
     const int C = 40;
     const std::vector<int> inp = token_ids(kB * kT, 4);
     const std::vector<float> dout = uniform((size_t)kB * kT * C, 5);
@@ -93,7 +93,7 @@ TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
 
 constexpr size_t kN = 300;
 
-TEST(CudaResidual, ForwardMatchesCpu) {
+CUDA_TEST(CudaResidual, ForwardMatchesCpu) {
     const std::vector<float> a = uniform(kN, 8), b = uniform(kN, 9);
     std::vector<float> want(kN);
     knngpt::cpu::residual_forward(want.data(), a.data(), b.data(), kN);
@@ -103,7 +103,7 @@ TEST(CudaResidual, ForwardMatchesCpu) {
     expect_close(d_out.to_host(), want, "out");
 }
 
-TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
     const std::vector<float> dout = uniform(kN, 10);
     std::vector<float> da = uniform(kN, 11), db = uniform(kN, 12);
 
@@ -118,7 +118,7 @@ TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
 
 // ---- gelu ---------------------------------------------------------------------
 
-TEST(CudaGelu, ForwardMatchesCpu) {
+CUDA_TEST(CudaGelu, ForwardMatchesCpu) {
     const std::vector<float> inp = uniform(kN, 13, -4.0f, 4.0f);
     std::vector<float> want(kN);
     knngpt::cpu::gelu_forward(want.data(), inp.data(), kN);
@@ -128,7 +128,7 @@ TEST(CudaGelu, ForwardMatchesCpu) {
     expect_close(d_out.to_host(), want, "out");
 }
 
-TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
     const std::vector<float> inp = uniform(kN, 14, -4.0f, 4.0f), dout = uniform(kN, 15);
     std::vector<float> dinp = uniform(kN, 16);
 
@@ -149,7 +149,7 @@ struct LayerNormShape {
 };
 const LayerNormShape kLayerNormShapes[] = {{kB * kT, 40}, {kB * kT, 20}, {300, 20}};
 
-TEST(CudaLayerNorm, ForwardMatchesCpu) {
+CUDA_TEST(CudaLayerNorm, ForwardMatchesCpu) {
     for (const LayerNormShape& shape : kLayerNormShapes) {
         SCOPED_TRACE("N=" + std::to_string(shape.N) + " C=" + std::to_string(shape.C));
         const int N = shape.N, C = shape.C;
@@ -169,7 +169,7 @@ TEST(CudaLayerNorm, ForwardMatchesCpu) {
     }
 }
 
-TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
     for (const LayerNormShape& shape : kLayerNormShapes) {
         SCOPED_TRACE("N=" + std::to_string(shape.N) + " C=" + std::to_string(shape.C));
         const int N = shape.N, C = shape.C;

@@ -50,7 +50,7 @@ constexpr size_t kN = 300;
 
 // ---- adamw --------------------------------------------------------------------
 
-TEST(CudaAdamW, ThreeStepsMatchCpu) {
+CUDA_TEST(CudaAdamW, ThreeStepsMatchCpu) {
     std::vector<float> params = uniform(kN, 1), m(kN, 0.0f), v(kN, 0.0f);
     DeviceArray<float> d_params(params), d_m(m), d_v(v);
     const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 0.5f;
@@ -69,7 +69,7 @@ TEST(CudaAdamW, ThreeStepsMatchCpu) {
 
 // ---- global_norm --------------------------------------------------------------
 
-TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
+CUDA_TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
     // 300 fits in two blocks; 300000 needs the grid-stride loop (over the block cap)
     for (size_t N : {kN, (size_t)300000}) {
         SCOPED_TRACE("N=" + std::to_string(N));
@@ -105,7 +105,7 @@ std::vector<float> padded_logits(unsigned seed) {
     return logits;
 }
 
-TEST(CudaClassifier, ForwardMatchesCpu) {
+CUDA_TEST(CudaClassifier, ForwardMatchesCpu) {
     const std::vector<float> logits = padded_logits(30);
     const std::vector<int> tgt = targets(31);
     std::vector<float> want(kRows);
@@ -117,7 +117,7 @@ TEST(CudaClassifier, ForwardMatchesCpu) {
     expect_close(d_losses.to_host(), want, "losses");
 }
 
-TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
+CUDA_TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     const std::vector<float> logits = padded_logits(32);
     const std::vector<int> tgt = targets(33);
     const float dloss = 1.0f / kRows;
@@ -138,7 +138,7 @@ TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     EXPECT_EQ(d_inplace.to_host(), out_of_place);
 }
 
-TEST(CudaClassifier, FusedMatchesCpuInPlace) {
+CUDA_TEST(CudaClassifier, FusedMatchesCpuInPlace) {
     // 13 rows: one full block of 8 and a partial one; V = 50 is not a multiple of 32, Vp = 64 pads it
     const std::vector<float> logits = padded_logits(34);
     const std::vector<int> tgt = targets(35);

@@ -189,33 +189,33 @@ void check_sparse(const Shape& s, const vector<float>& qkv, const vector<int>& i
 // top-k index
 // ---------------------------------------------------------------------------
 
-TEST(CudaTopk, MatchesCpuOnHeadSize8) {
+CUDA_TEST(CudaTopk, MatchesCpuOnHeadSize8) {
     const Shape s{2, 29, 24, 3};
     const vector<float> qkv = random_qkv(s, 1);
     for (int k : {1, 5, 28, 29, 40}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuOnHeadSize32) {
+CUDA_TEST(CudaTopk, MatchesCpuOnHeadSize32) {
     const Shape s{1, 40, 64, 2};
     const vector<float> qkv = random_qkv(s, 2);
     for (int k : {1, 5, 17, 40}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuWithDuplicatedKeys) {
+CUDA_TEST(CudaTopk, MatchesCpuWithDuplicatedKeys) {
     const Shape s{2, 29, 24, 3};
     vector<float> qkv = random_qkv(s, 3);
     duplicate_keys(qkv, s, 4);  // every score appears 7 or 8 times in a full row
     for (int k : {1, 5, 9}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuWithQuantisedValues) {
+CUDA_TEST(CudaTopk, MatchesCpuWithQuantisedValues) {
     const Shape s{1, 45, 8, 2};
     vector<float> qkv = random_qkv(s, 4);
     quantise(qkv);  // HS = 4 products of halves: few distinct scores, many ties, zeros
     for (int k : {1, 3, 5, 20}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuWithLargeKAndLargeHeadSize) {
+CUDA_TEST(CudaTopk, MatchesCpuWithLargeKAndLargeHeadSize) {
     const Shape wide{1, 160, 16, 1};
     expect_same_topk(random_qkv(wide, 5), wide, 128);  // k = 128 with 32 rows that search
     const Shape deep{1, 21, 256, 1};
@@ -226,7 +226,7 @@ TEST(CudaTopk, MatchesCpuWithLargeKAndLargeHeadSize) {
 // tail sampling
 // ---------------------------------------------------------------------------
 
-TEST(CudaTailSampling, MatchesCpuWithAndWithoutReplacement) {
+CUDA_TEST(CudaTailSampling, MatchesCpuWithAndWithoutReplacement) {
     const Shape s{2, 29, 24, 3};
     const vector<float> qkv = random_qkv(s, 7);
     for (int k : {1, 5}) {
@@ -240,7 +240,7 @@ TEST(CudaTailSampling, MatchesCpuWithAndWithoutReplacement) {
     }
 }
 
-TEST(CudaTailSampling, MatchesCpuOnUnsortedHeadsWithHoles) {
+CUDA_TEST(CudaTailSampling, MatchesCpuOnUnsortedHeadsWithHoles) {
     const Shape s{1, 40, 64, 2};
     const int k = 6, m = 5;
     vector<int> wide = widen(cpu_topk(random_qkv(s, 8), s, k), s, k, m);
@@ -270,11 +270,11 @@ void check_knn_tail_lists(const Shape& s, int k, int m, unsigned seed) {
     check_sparse(s, qkv, lists.idx, nullptr, K, seed + 2);      // without
 }
 
-TEST(CudaSparseAttention, HeadSize8MatchesCpu) { check_knn_tail_lists(Shape{2, 29, 24, 3}, 5, 4, 10); }
+CUDA_TEST(CudaSparseAttention, HeadSize8MatchesCpu) { check_knn_tail_lists(Shape{2, 29, 24, 3}, 5, 4, 10); }
 
-TEST(CudaSparseAttention, HeadSize32MatchesCpu) { check_knn_tail_lists(Shape{1, 40, 64, 2}, 3, 6, 20); }
+CUDA_TEST(CudaSparseAttention, HeadSize32MatchesCpu) { check_knn_tail_lists(Shape{1, 40, 64, 2}, 3, 6, 20); }
 
-TEST(CudaSparseAttention, WithReplacementRepeatsMatchCpu) {
+CUDA_TEST(CudaSparseAttention, WithReplacementRepeatsMatchCpu) {
     const Shape s{1, 33, 16, 2};
     const int k = 2, m = 8, K = k + m;
     const vector<float> qkv = random_qkv(s, 30);
@@ -282,7 +282,7 @@ TEST(CudaSparseAttention, WithReplacementRepeatsMatchCpu) {
     check_sparse(s, qkv, lists.idx, &lists.logw, K, 32);
 }
 
-TEST(CudaSparseAttention, ListsOfEveryKeyEqualExactAttention) {
+CUDA_TEST(CudaSparseAttention, ListsOfEveryKeyEqualExactAttention) {
     for (const Shape& s : {Shape{2, 29, 24, 3}, Shape{1, 40, 64, 2}}) {
         const vector<float> qkv = random_qkv(s, 40);
         const int K = s.T;  // top-k with k >= T: row i holds 0..i, then -1

@@ -72,7 +72,7 @@ class PrecisionScope {
     MatmulPrecision saved_;
 };
 
-TEST(CudaMatmul, ForwardMatchesCpuLoops) {
+CUDA_TEST(CudaMatmul, ForwardMatchesCpuLoops) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 1), weight = uniform((size_t)kOC * kC, 2),
                              bias = uniform(kOC, 3);
@@ -89,7 +89,7 @@ TEST(CudaMatmul, ForwardMatchesCpuLoops) {
     }
 }
 
-TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
+CUDA_TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 4), weight = uniform((size_t)kOC * kC, 5),
                              dout = uniform((size_t)kN * kOC, 6);
@@ -181,7 +181,7 @@ void expect_within_bound(const std::vector<float>& got, const std::vector<float>
         << what << ": no visible bf16 rounding error";
 }
 
-TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
+CUDA_TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
     PrecisionScope bf16(MatmulPrecision::BF16);
     for (const Shape& s : kBf16Shapes) {
         SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
@@ -206,7 +206,7 @@ TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
     }
 }
 
-TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
+CUDA_TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
     PrecisionScope bf16(MatmulPrecision::BF16);
     constexpr int kPasses = 2;
     for (const Shape& s : kBf16Shapes) {
@@ -272,7 +272,7 @@ std::vector<float> registered_copy(const float* p, size_t count) {
     return widened;
 }
 
-TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
+CUDA_TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
     PrecisionScope bf16(MatmulPrecision::BF16);
     const int N = 11, C = 37, OC = 21;
     const size_t weight_count = (size_t)OC * C, offset = 5;  // the weight sits inside a larger buffer
@@ -337,7 +337,7 @@ TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
 // dimension must be for the real library (which then falls back to our
 // kernels); OC = 32 is, so on a GPU the fused GELU runs too.
 
-TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
+CUDA_TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     using knngpt::cuda::matmul_fusion;
     using knngpt::cuda::MatmulFusion;

@@ -176,17 +176,17 @@ void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
     }
 }
 
-TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
 
-TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
 
-TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
+CUDA_TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
 
-TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize32) { expect_same_lazy_gumbel_backward(Shape{1, 40, 64, 2}, 22); }
+CUDA_TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize32) { expect_same_lazy_gumbel_backward(Shape{1, 40, 64, 2}, 22); }
 
-TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize8) { expect_same_signed_start_backward(Shape{2, 23, 24, 3}, 13); }
+CUDA_TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize8) { expect_same_signed_start_backward(Shape{2, 23, 24, 3}, 13); }
 
-TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize32) { expect_same_signed_start_backward(Shape{1, 40, 64, 2}, 23); }
+CUDA_TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize32) { expect_same_signed_start_backward(Shape{1, 40, 64, 2}, 23); }
 
 // One thread per (q, k) pair: the shared score of kernels/common/attention_score.h on
 // the device, scaled and unscaled.
@@ -198,7 +198,7 @@ __global__ void attention_score_probe_kernel(float* scores, float* dots, const f
     dots[p] = knngpt::attention_dot(q + (size_t)p * HS, k + (size_t)p * HS, HS);
 }
 
-TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
+CUDA_TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
     const int n = 200;
     for (int HS : {8, 16, 24, 32, 64, 128}) {
         const vector<float> q = uniform((size_t)HS * n, 31, -2.0f, 2.0f);
@@ -221,7 +221,7 @@ TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
 }
 
 // The unsupported configurations stop with one line before touching any pointer.
-TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
+CUDA_TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
     static const int topk_stub = -1;  // never read: the checks exit first
     auto run = [](GradSampleSource source, bool signed_start_dv, int samples, const int* topk = nullptr,
