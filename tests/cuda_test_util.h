@@ -1,6 +1,8 @@
-// tests/cuda_test_util.h — helpers shared by the tests of kernels/cuda. The
-// same test file builds two ways:
-//   g++  (make test)                       the kernels run under the CPU emulator;
+// tests/cuda_test_util.h — what the tests of kernels/cuda share: the build
+// mode, the device fixture (CUDA_TEST) and the record of launched kernels.
+// Include it first, before any kernel header. The same test file builds two ways:
+//   g++  (make test)                       KNNGPT_CUDA_EMU, defined here: the
+//        kernels run under the CPU emulator;
 //   nvcc -DKNNGPT_CUDA_NATIVE (make test-native)  they run on the GPU, and every
 //        test is skipped, with the reason printed, where no device exists.
 // Including it installs common.cuh's launch observer, which records the name of
@@ -10,11 +12,14 @@
 // LaunchRecord shows a test the kernels launched while it lives (which path
 // a call took).
 #pragma once
+#ifndef KNNGPT_CUDA_NATIVE
+#define KNNGPT_CUDA_EMU
+#endif
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -133,23 +138,6 @@ class CudaTestEnvironment : public testing::Environment {
     }
 };
 inline testing::Environment* const cuda_test_environment = testing::AddGlobalTestEnvironment(new CudaTestEnvironment);
-
-// The shape of an attention test: qkv (B, T, 3C), out (B, T, C), rows (B, NH, T).
-struct AttentionShape {
-    int B, T, C, NH;
-    int HS() const { return C / NH; }
-    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
-    size_t out_size() const { return (size_t)B * T * C; }
-    size_t rows() const { return (size_t)B * NH * T; }
-};
-
-inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> value(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = value(rng);
-    return v;
-}
 
 }  // namespace knngpt_test
 

@@ -10,12 +10,7 @@
 // atomics, striped partial sums against sequential loops) and in tanh (tanhf
 // against tanh_vectorizable, ~1e-7 apart), which for these O(1) values over at
 // most 40 terms stays within a few ulp, far under 1e-5.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
@@ -25,7 +20,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/encoder.h"
@@ -35,27 +29,20 @@
 #include "tests/test_util.h"
 
 using knngpt_test::DeviceArray;
-using knngpt_test::max_rel_error;
+using knngpt_test::expect_close;
+using knngpt_test::random_ints;
 using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
-}
-
 // ---- encoder ------------------------------------------------------------------
 
 constexpr int kB = 2, kT = 7, kV = 11, kMaxT = 9;
 
 std::vector<int> token_ids(size_t n, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> id(0, kV - 1);
-    std::vector<int> v(n);
-    for (int& x : v) x = id(rng);
+    std::vector<int> v = random_ints(n, seed, kV);
     v[1] = v[0];  // a repeated token: two (b, t) add into one dwte row
     return v;
 }
@@ -70,7 +57,7 @@ CUDA_TEST(CudaEncoder, ForwardMatchesCpu) {
     DeviceArray<int> d_inp(inp);
     DeviceArray<float> d_wte(wte), d_wpe(wpe), d_out(std::vector<float>(want.size(), -7.0f));
     knngpt::cuda::encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, kB, kT, C);
-    expect_close(d_out.to_host(), want, "out");
+    expect_close(d_out.to_host(), want, kTolerance, "out");
 }
 
 CUDA_TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
@@ -85,8 +72,8 @@ CUDA_TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
         knngpt::cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), kB, kT, C);
         knngpt::cuda::encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, d_inp.ptr, kB, kT, C);
     }
-    expect_close(d_dwte.to_host(), dwte, "dwte");
-    expect_close(d_dwpe.to_host(), dwpe, "dwpe");
+    expect_close(d_dwte.to_host(), dwte, kTolerance, "dwte");
+    expect_close(d_dwpe.to_host(), dwpe, kTolerance, "dwpe");
 }
 
 // ---- residual -----------------------------------------------------------------
@@ -100,7 +87,7 @@ CUDA_TEST(CudaResidual, ForwardMatchesCpu) {
 
     DeviceArray<float> d_a(a), d_b(b), d_out(std::vector<float>(kN, -7.0f));
     knngpt::cuda::residual_forward(d_out.ptr, d_a.ptr, d_b.ptr, kN);
-    expect_close(d_out.to_host(), want, "out");
+    expect_close(d_out.to_host(), want, kTolerance, "out");
 }
 
 CUDA_TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
@@ -112,8 +99,8 @@ CUDA_TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
         knngpt::cpu::residual_backward(da.data(), db.data(), dout.data(), kN);
         knngpt::cuda::residual_backward(d_da.ptr, d_db.ptr, d_dout.ptr, kN);
     }
-    expect_close(d_da.to_host(), da, "da");
-    expect_close(d_db.to_host(), db, "db");
+    expect_close(d_da.to_host(), da, kTolerance, "da");
+    expect_close(d_db.to_host(), db, kTolerance, "db");
 }
 
 // ---- gelu ---------------------------------------------------------------------
@@ -125,7 +112,7 @@ CUDA_TEST(CudaGelu, ForwardMatchesCpu) {
 
     DeviceArray<float> d_inp(inp), d_out(std::vector<float>(kN, -7.0f));
     knngpt::cuda::gelu_forward(d_out.ptr, d_inp.ptr, kN);
-    expect_close(d_out.to_host(), want, "out");
+    expect_close(d_out.to_host(), want, kTolerance, "out");
 }
 
 CUDA_TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
@@ -137,7 +124,7 @@ CUDA_TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
         knngpt::cpu::gelu_backward(dinp.data(), inp.data(), dout.data(), kN);
         knngpt::cuda::gelu_backward(d_dinp.ptr, d_inp.ptr, d_dout.ptr, kN);
     }
-    expect_close(d_dinp.to_host(), dinp, "dinp");
+    expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
 }
 
 // ---- layernorm ----------------------------------------------------------------
@@ -163,9 +150,9 @@ CUDA_TEST(CudaLayerNorm, ForwardMatchesCpu) {
         DeviceArray<float> d_out(std::vector<float>(out.size(), -7.0f)), d_mean(std::vector<float>(N, -7.0f)),
             d_rstd(std::vector<float>(N, -7.0f));
         knngpt::cuda::layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C);
-        expect_close(d_out.to_host(), out, "out");
-        expect_close(d_mean.to_host(), mean, "mean");
-        expect_close(d_rstd.to_host(), rstd, "rstd");
+        expect_close(d_out.to_host(), out, kTolerance, "out");
+        expect_close(d_mean.to_host(), mean, kTolerance, "mean");
+        expect_close(d_rstd.to_host(), rstd, kTolerance, "rstd");
     }
 }
 
@@ -189,9 +176,9 @@ CUDA_TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
             knngpt::cuda::layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_dout.ptr, d_inp.ptr,
                                              d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C);
         }
-        expect_close(d_dinp.to_host(), dinp, "dinp");
-        expect_close(d_dweight.to_host(), dweight, "dweight");
-        expect_close(d_dbias.to_host(), dbias, "dbias");
+        expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
+        expect_close(d_dweight.to_host(), dweight, kTolerance, "dweight");
+        expect_close(d_dbias.to_host(), dbias, kTolerance, "dbias");
     }
 }
 

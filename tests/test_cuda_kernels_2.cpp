@@ -10,12 +10,7 @@
 // (warp butterflies, block trees against sequential loops) and in exp (expf
 // against exp_vectorizable, a few ulp apart); over at most 50 O(1) terms
 // per row that stays far under 1e-5.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/classifier.cuh"
@@ -25,7 +20,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/adamw.h"
@@ -34,17 +28,13 @@
 #include "tests/test_util.h"
 
 using knngpt_test::DeviceArray;
-using knngpt_test::max_rel_error;
+using knngpt_test::expect_close;
+using knngpt_test::random_ints;
 using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
-}
 
 constexpr size_t kN = 300;
 
@@ -62,9 +52,9 @@ CUDA_TEST(CudaAdamW, ThreeStepsMatchCpu) {
         knngpt::cuda::adamw_update(d_params.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, kN, lr, beta1, beta2, eps,
                                    weight_decay, t, grad_scale);
     }
-    expect_close(d_params.to_host(), params, "params");
-    expect_close(d_m.to_host(), m, "m");
-    expect_close(d_v.to_host(), v, "v");
+    expect_close(d_params.to_host(), params, kTolerance, "params");
+    expect_close(d_m.to_host(), m, kTolerance, "m");
+    expect_close(d_v.to_host(), v, kTolerance, "v");
 }
 
 // ---- global_norm --------------------------------------------------------------
@@ -89,10 +79,7 @@ CUDA_TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
 constexpr int kRows = 13, kV = 50, kVp = 64;
 
 std::vector<int> targets(unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> id(0, kV - 1);
-    std::vector<int> v(kRows);
-    for (int& x : v) x = id(rng);
+    std::vector<int> v = random_ints(kRows, seed, kV);
     v[0] = kV - 1;  // the last real column
     return v;
 }
@@ -114,7 +101,7 @@ CUDA_TEST(CudaClassifier, ForwardMatchesCpu) {
     DeviceArray<float> d_logits(logits), d_losses(std::vector<float>(kRows, -7.0f));
     DeviceArray<int> d_tgt(tgt);
     knngpt::cuda::crossentropy_forward(d_losses.ptr, d_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
-    expect_close(d_losses.to_host(), want, "losses");
+    expect_close(d_losses.to_host(), want, kTolerance, "losses");
 }
 
 CUDA_TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
@@ -128,7 +115,7 @@ CUDA_TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     DeviceArray<float> d_logits(logits), d_dlogits(std::vector<float>(logits.size(), -7.0f));
     knngpt::cuda::crossentropy_softmax_backward(d_dlogits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
     const std::vector<float> out_of_place = d_dlogits.to_host();
-    expect_close(out_of_place, want, "dlogits");
+    expect_close(out_of_place, want, kTolerance, "dlogits");
     for (int n = 0; n < kRows; n++)
         for (int j = kV; j < kVp; j++) EXPECT_EQ(out_of_place[(size_t)n * kVp + j], 0.0f) << n << "," << j;
 
@@ -150,9 +137,9 @@ CUDA_TEST(CudaClassifier, FusedMatchesCpuInPlace) {
     DeviceArray<int> d_tgt(tgt);
     DeviceArray<float> d_inplace(logits), d_losses(std::vector<float>(kRows, -7.0f));
     knngpt::cuda::crossentropy_fused(d_losses.ptr, d_inplace.ptr, d_inplace.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
-    expect_close(d_losses.to_host(), want_losses, "losses");
+    expect_close(d_losses.to_host(), want_losses, kTolerance, "losses");
     const std::vector<float> dlogits = d_inplace.to_host();
-    expect_close(dlogits, want_dlogits, "dlogits");
+    expect_close(dlogits, want_dlogits, kTolerance, "dlogits");
     for (int n = 0; n < kRows; n++)
         for (int j = kV; j < kVp; j++) EXPECT_EQ(dlogits[(size_t)n * kVp + j], 0.0f) << n << "," << j;
 
@@ -161,8 +148,8 @@ CUDA_TEST(CudaClassifier, FusedMatchesCpuInPlace) {
         d_sep_losses(std::vector<float>(kRows, -7.0f));
     knngpt::cuda::crossentropy_forward(d_sep_losses.ptr, d_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
     knngpt::cuda::crossentropy_softmax_backward(d_dlogits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
-    expect_close(d_losses.to_host(), d_sep_losses.to_host(), "losses vs forward kernel");
-    expect_close(dlogits, d_dlogits.to_host(), "dlogits vs backward kernel");
+    expect_close(d_losses.to_host(), d_sep_losses.to_host(), kTolerance, "losses vs forward kernel");
+    expect_close(dlogits, d_dlogits.to_host(), kTolerance, "dlogits vs backward kernel");
 }
 
 }  // namespace

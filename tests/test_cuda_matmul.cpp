@@ -22,12 +22,7 @@
 //       twice one pass's sum); the documented ~2^-8 doubled leaves room for
 //       fp32 summation. And the error is not tiny (max relative error
 //       > 1e-5), so the rounding really happens.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -47,6 +42,7 @@
 using knngpt::cuda::matmul_precision;
 using knngpt::cuda::MatmulPrecision;
 using knngpt_test::DeviceArray;
+using knngpt_test::expect_close;
 using knngpt_test::max_rel_error;
 using knngpt_test::uniform;
 
@@ -54,11 +50,6 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 constexpr int kN = 19, kC = 24, kOC = 33;
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
-}
 
 // Sets matmul_precision() for the scope of a test and restores the previous value.
 class PrecisionScope {
@@ -85,7 +76,7 @@ CUDA_TEST(CudaMatmul, ForwardMatchesCpuLoops) {
                                           kN, kC, kOC);
         knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, kN, kC,
                                      kOC);
-        expect_close(d_out.to_host(), want, "out");
+        expect_close(d_out.to_host(), want, kTolerance, "out");
     }
 }
 
@@ -107,9 +98,9 @@ CUDA_TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
             knngpt::cuda::matmul_backward(d_dinp.ptr, d_dweight.ptr, with_dbias ? d_dbias.ptr : nullptr, d_dout.ptr,
                                           d_inp.ptr, d_weight.ptr, kN, kC, kOC);
         }
-        expect_close(d_dinp.to_host(), dinp, "dinp");
-        expect_close(d_dweight.to_host(), dweight, "dweight");
-        expect_close(d_dbias.to_host(), dbias, "dbias");
+        expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
+        expect_close(d_dweight.to_host(), dweight, kTolerance, "dweight");
+        expect_close(d_dbias.to_host(), dbias, kTolerance, "dbias");
         if (!with_dbias) {
             EXPECT_EQ(d_dbias.to_host(), dbias_start);
         }
@@ -200,7 +191,7 @@ CUDA_TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
             knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, s.N,
                                          s.C, s.OC);
             const std::vector<float> got = d_out.to_host();
-            expect_close(got, rounded, "out vs rounded inputs");                       // (a)
+            expect_close(got, rounded, kTolerance, "out vs rounded inputs");                       // (a)
             expect_within_bound(got, exact, scale, kBoundFactor, "out vs fp32");   // (b)
         }
     }
@@ -240,13 +231,13 @@ CUDA_TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
             }
             const std::vector<float> dinp = d_dinp.to_host(), dweight = d_dweight.to_host(), dbias = d_dbias.to_host();
             // (a)
-            expect_close(dinp, dinp_r, "dinp vs rounded inputs");
-            expect_close(dweight, dweight_r, "dweight vs rounded inputs");
+            expect_close(dinp, dinp_r, kTolerance, "dinp vs rounded inputs");
+            expect_close(dweight, dweight_r, kTolerance, "dweight vs rounded inputs");
             // (b): kPasses accumulated passes, each within its bound
             expect_within_bound(dinp, dinp_x, dinp_scale, kPasses * kBoundFactor, "dinp vs fp32");
             expect_within_bound(dweight, dweight_x, dweight_scale, kPasses * kBoundFactor, "dweight vs fp32");
             // dbias sums the fp32 dout in both modes
-            expect_close(dbias, dbias_x, "dbias");
+            expect_close(dbias, dbias_x, kTolerance, "dbias");
             if (!with_dbias) {
                 EXPECT_EQ(dbias, dbias0);
             }
@@ -358,13 +349,13 @@ CUDA_TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
             knngpt::cpu::matmul_forward(want.data(), inp.data(), weight.data(), b, N, C, OC);
             DeviceArray<float> d_out(std::vector<float>(want.size(), 7.0f));
             knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
-            expect_close(d_out.to_host(), want, "matmul_forward");
+            expect_close(d_out.to_host(), want, kTolerance, "matmul_forward");
 
             knngpt::cpu::matmul_forward_gelu(want_gelu.data(), want.data(), inp.data(), weight.data(), b, N, C, OC);
             DeviceArray<float> d_pre(std::vector<float>(want.size(), 7.0f)), d_gelu(std::vector<float>(want.size(), 7.0f));
             knngpt::cuda::matmul_forward_gelu(d_gelu.ptr, d_pre.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
-            expect_close(d_pre.to_host(), want, "matmul_forward_gelu: GELU input");
-            expect_close(d_gelu.to_host(), want_gelu, "matmul_forward_gelu: GELU output");
+            expect_close(d_pre.to_host(), want, kTolerance, "matmul_forward_gelu: GELU input");
+            expect_close(d_gelu.to_host(), want_gelu, kTolerance, "matmul_forward_gelu: GELU output");
         }
     }
     matmul_fusion() = saved;

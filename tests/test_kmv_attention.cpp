@@ -18,19 +18,16 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kmv_attention.h"
 #include "kernels/cpu/sparse_attention.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
 using namespace knngpt::cpu;
 using knngpt_test::max_rel_error;
+using Shape = knngpt_test::AttentionShape;
 
 namespace {
 
-// Shapes of one test problem and the views of one (b, h).
-struct Shape {
-    int B, T, C, NH;
-    int HS() const { return C / NH; }
-};
-
+// The views of one (b, h) of a problem.
 struct HeadView {
     const float *q, *k, *v;
     int stride, HS;
