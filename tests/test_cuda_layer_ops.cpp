@@ -1,6 +1,6 @@
-// tests/test_cuda_kernels.cpp — the fp32 CUDA kernels of kernels/cuda (encoder,
-// residual, gelu, layernorm) run under the emulator against their CPU twins in
-// kernels/cpu. Shapes are deliberately not multiples of any block size (T = 7,
+// tests/test_cuda_layer_ops.cpp — the fp32 CUDA kernels of the model's layers
+// besides matmul and attention (encoder, residual, gelu, layernorm), run under
+// the emulator against their CPU twins in kernels/cpu. Shapes are deliberately not multiples of any block size (T = 7,
 // C = 40 / 20, N = 300), so every partial block and tail guard is exercised.
 // Backward ops are run twice onto nonzero gradients, which checks that they
 // accumulate (+=) like the twins.

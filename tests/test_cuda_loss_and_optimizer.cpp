@@ -1,5 +1,5 @@
-// tests/test_cuda_kernels_2.cpp — the fp32 CUDA kernels of kernels/cuda for the
-// optimizer and the loss (adamw, global_norm, classifier and fused classifier)
+// tests/test_cuda_loss_and_optimizer.cpp — the fp32 CUDA kernels of the loss
+// and the optimizer step (classifier and fused classifier, global_norm, adamw)
 // run under the emulator against their CPU twins in kernels/cpu. Shapes are
 // deliberately not multiples of any block size (N = 300 elements, 13 rows,
 // V = 50 padded to Vp = 64), so every partial block, idle warp and tail guard
