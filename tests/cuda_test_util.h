@@ -9,8 +9,8 @@
 // every kernel launched; once every test has run, the distinct kernels are
 // printed on one line tools/run_tests.sh totals:
 //   cuda kernels run under emulation: N: name name ...     (or "natively")
-// LaunchRecord shows a test the kernels launched while it lives (which path
-// a call took).
+// launches_of(call) gives a test the kernels one call launched (which path
+// it took).
 #pragma once
 #ifndef KNNGPT_CUDA_NATIVE
 #define KNNGPT_CUDA_EMU
@@ -49,19 +49,35 @@ inline std::string launched_kernel_name(const char* launch_text) {
     return name.empty() ? std::string("?") : name;
 }
 
+// The kernels a stretch of code launched, in order: count(name) counts every
+// instantiation of a kernel template ("attention_forward_tiled_kernel"),
+// count(kernel) the one instantiation (attention_forward_tiled_kernel<128>).
+struct Launches {
+    std::vector<std::string> names;
+    std::vector<const void*> kernels;
+
+    size_t size() const { return names.size(); }
+    int count(const std::string& name) const { return (int)std::count(names.begin(), names.end(), name); }
+    template <typename... Params>
+    int count(void (*kernel)(Params...)) const {
+        return (int)std::count(kernels.begin(), kernels.end(), reinterpret_cast<const void*>(kernel));
+    }
+    // the names, space-separated (for failure messages)
+    std::string list() const {
+        std::string all;
+        for (const std::string& name : names) all += (all.empty() ? "" : " ") + name;
+        return all.empty() ? std::string("(none)") : all;
+    }
+};
+
 class LaunchRecord;
 inline std::vector<LaunchRecord*>& live_launch_records() {
     static std::vector<LaunchRecord*> records;
     return records;
 }
 
-// The kernels launched, in order, from its construction to its destruction:
-//   LaunchRecord launched;
-//   knngpt::cuda::attention_forward(...);
-//   EXPECT_EQ(launched.count(attention_forward_tiled_kernel<128>), 1) << launched.names();
-//   EXPECT_EQ(launched.count("attention_forward_kernel"), 0) << launched.names();
-// count(name) counts every instantiation of a kernel template, count(kernel)
-// the one instantiation. Records may nest; each sees every launch.
+// Records the kernels launched from its construction to its destruction.
+// Records may nest; each sees every launch.
 class LaunchRecord {
   public:
     LaunchRecord() { live_launch_records().push_back(this); }
@@ -72,27 +88,26 @@ class LaunchRecord {
     LaunchRecord(const LaunchRecord&) = delete;
     LaunchRecord& operator=(const LaunchRecord&) = delete;
 
-    int count(const std::string& name) const { return (int)std::count(names_.begin(), names_.end(), name); }
-    template <typename... Params>
-    int count(void (*kernel)(Params...)) const {
-        return (int)std::count(kernels_.begin(), kernels_.end(), reinterpret_cast<const void*>(kernel));
-    }
-    // the names launched, in order, space-separated (for failure messages)
-    std::string names() const {
-        std::string all;
-        for (const std::string& name : names_) all += (all.empty() ? "" : " ") + name;
-        return all.empty() ? std::string("(none)") : all;
-    }
-
+    const Launches& launches() const { return launches_; }
     void add(const std::string& name, const void* kernel) {
-        names_.push_back(name);
-        kernels_.push_back(kernel);
+        launches_.names.push_back(name);
+        launches_.kernels.push_back(kernel);
     }
 
   private:
-    std::vector<std::string> names_;
-    std::vector<const void*> kernels_;
+    Launches launches_;
 };
+
+// The kernels call() launched:
+//   const Launches launched = launches_of([&] { knngpt::cuda::attention_forward(...); });
+//   EXPECT_EQ(launched.count(knngpt::cuda::attention_forward_tiled_kernel<128>), 1) << launched.list();
+//   EXPECT_EQ(launched.count("attention_forward_kernel"), 0) << launched.list();
+template <typename Call>
+Launches launches_of(Call&& call) {
+    LaunchRecord record;
+    call();
+    return record.launches();
+}
 
 // common.cuh's launch observer for these tests: every kernel goes into
 // launched_kernels() and into every live LaunchRecord.
