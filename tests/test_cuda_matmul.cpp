@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/matmul.h"
 #include "tests/test_util.h"
 
@@ -359,6 +360,95 @@ CUDA_TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
         }
     }
     matmul_fusion() = saved;
+}
+
+// ---- which kernels ran ----------------------------------------------------------
+//
+// matmul_forward / matmul_forward_gelu hand the bias add and GELU to the GEMM's
+// epilogue as far as matmul_fusion() allows, else, or where the library has no
+// algorithm for the epilogue, run our matmul_bias_add_kernel and
+// gelu_forward_kernel after a plain GEMM. The library never gets an epilogue
+// for an empty product (C = 0: gemm_col_major leaves it to our kernels, in both
+// builds); otherwise the emulated library always has an algorithm, and
+// cuBLASLt none for GELU's stored input when its leading dimension OC is not a
+// multiple of 8. These tests record the kernels of each call on both sides of
+// those boundaries, for every fusion setting, with and without bias, and
+// check the values of the C = 0 fallback (the others are checked above).
+
+// Whether the GEMM library takes the epilogue (with GELU's stored input when
+// gelu) of the product (N, C) x (C, OC).
+bool library_has_epilogue(int C, int OC, bool gelu) {
+#if defined(KNNGPT_CUDA_EMU)
+    (void)OC;
+    (void)gelu;
+    return C > 0;
+#else
+    return C > 0 && (!gelu || OC % 8 == 0);
+#endif
+}
+
+// For every fusion setting, with and without bias, matmul_forward and
+// matmul_forward_gelu on shape s: the kernels each call launched are the ones
+// its path needs, and for C = 0 the values are bias (or 0) and its GELU.
+void expect_epilogue_paths(const Shape& s) {
+    using knngpt::cuda::matmul_fusion;
+    using knngpt::cuda::MatmulFusion;
+    using knngpt_test::Launches;
+    using knngpt_test::launches_of;
+    PrecisionScope fp32(MatmulPrecision::FP32);
+    const MatmulFusion saved = matmul_fusion();
+    const int N = s.N, C = s.C, OC = s.OC;
+    const std::vector<float> inp = uniform((size_t)N * C + 1, 40), weight = uniform((size_t)OC * C + 1, 41),
+                             bias = uniform(OC, 42);
+    DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
+    for (MatmulFusion fusion : {MatmulFusion::None, MatmulFusion::Bias, MatmulFusion::BiasGelu})
+    for (bool with_bias : {true, false})
+    for (bool gelu : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "N=" << N << " C=" << C << " OC=" << OC << ", fusion " << (int)fusion
+                                        << (with_bias ? ", bias" : ", no bias")
+                                        << (gelu ? ", matmul_forward_gelu" : ", matmul_forward"));
+        DeviceArray<float> d_out(std::vector<float>((size_t)N * OC, 7.0f)),
+            d_gelu(std::vector<float>((size_t)N * OC, 7.0f));
+        const float* d_b = with_bias ? d_bias.ptr : nullptr;
+        matmul_fusion() = fusion;
+        const Launches launched = launches_of([&] {
+            if (gelu) {
+                knngpt::cuda::matmul_forward_gelu(d_gelu.ptr, d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
+            } else {
+                knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
+            }
+        });
+        // what goes to the epilogue, and whether the library takes it
+        const bool epilogue_bias = with_bias && fusion != MatmulFusion::None;
+        const bool epilogue_gelu = gelu && fusion == MatmulFusion::BiasGelu;
+        const bool fused = (epilogue_bias || epilogue_gelu) && library_has_epilogue(C, OC, epilogue_gelu);
+        const int bias_kernels = launched.count("matmul_bias_add_kernel");
+        const int gelu_kernels = launched.count("gelu_forward_kernel");
+        EXPECT_EQ(bias_kernels, with_bias && !fused ? 1 : 0) << launched.list();
+        EXPECT_EQ(gelu_kernels, gelu && !(fused && epilogue_gelu) ? 1 : 0) << launched.list();
+        EXPECT_EQ(launched.size(), (size_t)(bias_kernels + gelu_kernels)) << launched.list();
+        if (C == 0) {
+            std::vector<float> want((size_t)N * OC), want_gelu((size_t)N * OC);
+            knngpt::cpu::matmul_forward_loops(want.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr,
+                                              N, C, OC);
+            knngpt::cpu::gelu_forward(want_gelu.data(), want.data(), want.size());
+            expect_close(d_out.to_host(), want, kTolerance, gelu ? "GELU input" : "out");
+            if (gelu) expect_close(d_gelu.to_host(), want_gelu, kTolerance, "GELU output");
+        }
+    }
+    matmul_fusion() = saved;
+}
+
+// OC = 32: the library has every epilogue, so matmul_fusion() alone decides.
+CUDA_TEST(CudaMatmulPath, FusionSettingChoosesEpilogueOrOurKernels) { expect_epilogue_paths(Shape{9, 40, 32}); }
+
+// OC = 29: cuBLASLt has no GELU epilogue (our GELU kernel runs); the emulated library has.
+CUDA_TEST(CudaMatmulPath, GeluInputLeadingDimensionNotAMultipleOf8) { expect_epilogue_paths(Shape{13, 45, 29}); }
+
+// C = 0: never an epilogue, our kernels for whatever the fusion setting.
+CUDA_TEST(CudaMatmulPath, EmptyProductFallsBackToOurKernels) {
+    expect_epilogue_paths(Shape{7, 0, 29});
+    expect_epilogue_paths(Shape{7, 0, 32});
 }
 
 }  // namespace
