@@ -1,18 +1,25 @@
-// tests/cuda_test_util.h — helpers shared by the tests of kernels/cuda. The
-// same test file builds two ways:
-//   g++  (make test)                       the kernels run under the CPU emulator;
+// tests/cuda_test_util.h — what the tests of kernels/cuda share: the build
+// mode, the device fixture (CUDA_TEST) and the record of launched kernels.
+// Include it first, before any kernel header. The same test file builds two ways:
+//   g++  (make test)                       KNNGPT_CUDA_EMU, defined here: the
+//        kernels run under the CPU emulator;
 //   nvcc -DKNNGPT_CUDA_NATIVE (make test-native)  they run on the GPU, and every
 //        test is skipped, with the reason printed, where no device exists.
-// Include it after kernels/cuda/common.cuh and BEFORE the kernel headers: it
-// redefines launch(...) to record the name of every kernel launched (then
-// launches as common.cuh does), and prints the distinct kernels once every
-// test has run, on one line tools/run_tests.sh totals:
+// Including it installs common.cuh's launch observer, which records the name of
+// every kernel launched; once every test has run, the distinct kernels are
+// printed on one line tools/run_tests.sh totals:
 //   cuda kernels run under emulation: N: name name ...     (or "natively")
+// launches_of(call) gives a test the kernels one call launched (which path
+// it took).
 #pragma once
+#ifndef KNNGPT_CUDA_NATIVE
+#define KNNGPT_CUDA_EMU
+#endif
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -42,6 +49,75 @@ inline std::string launched_kernel_name(const char* launch_text) {
     return name.empty() ? std::string("?") : name;
 }
 
+// The kernels a stretch of code launched, in order: count(name) counts every
+// instantiation of a kernel template ("attention_forward_tiled_kernel"),
+// count(kernel) the one instantiation (attention_forward_tiled_kernel<128>).
+struct Launches {
+    std::vector<std::string> names;
+    std::vector<const void*> kernels;
+
+    size_t size() const { return names.size(); }
+    int count(const std::string& name) const { return (int)std::count(names.begin(), names.end(), name); }
+    template <typename... Params>
+    int count(void (*kernel)(Params...)) const {
+        return (int)std::count(kernels.begin(), kernels.end(), reinterpret_cast<const void*>(kernel));
+    }
+    // the names, space-separated (for failure messages)
+    std::string list() const {
+        std::string all;
+        for (const std::string& name : names) all += (all.empty() ? "" : " ") + name;
+        return all.empty() ? std::string("(none)") : all;
+    }
+};
+
+class LaunchRecord;
+inline std::vector<LaunchRecord*>& live_launch_records() {
+    static std::vector<LaunchRecord*> records;
+    return records;
+}
+
+// Records the kernels launched from its construction to its destruction.
+// Records may nest; each sees every launch.
+class LaunchRecord {
+  public:
+    LaunchRecord() { live_launch_records().push_back(this); }
+    ~LaunchRecord() {
+        std::vector<LaunchRecord*>& live = live_launch_records();
+        live.erase(std::remove(live.begin(), live.end(), this), live.end());
+    }
+    LaunchRecord(const LaunchRecord&) = delete;
+    LaunchRecord& operator=(const LaunchRecord&) = delete;
+
+    const Launches& launches() const { return launches_; }
+    void add(const std::string& name, const void* kernel) {
+        launches_.names.push_back(name);
+        launches_.kernels.push_back(kernel);
+    }
+
+  private:
+    Launches launches_;
+};
+
+// The kernels call() launched:
+//   const Launches launched = launches_of([&] { knngpt::cuda::attention_forward(...); });
+//   EXPECT_EQ(launched.count(knngpt::cuda::attention_forward_tiled_kernel<128>), 1) << launched.list();
+//   EXPECT_EQ(launched.count("attention_forward_kernel"), 0) << launched.list();
+template <typename Call>
+Launches launches_of(Call&& call) {
+    LaunchRecord record;
+    call();
+    return record.launches();
+}
+
+// common.cuh's launch observer for these tests: every kernel goes into
+// launched_kernels() and into every live LaunchRecord.
+inline void record_launch(const char* launch_text, const void* kernel) {
+    const std::string name = launched_kernel_name(launch_text);
+    launched_kernels().insert(name);
+    for (LaunchRecord* record : live_launch_records()) record->add(name, kernel);
+}
+inline const bool launch_recording_installed = (::knngpt::cuda::launch_observer() = record_launch, true);
+
 // Why native tests cannot run here ("" when a CUDA device exists, and always
 // under the emulator).
 inline const std::string& no_device_reason() {
@@ -58,8 +134,8 @@ inline const std::string& no_device_reason() {
     return reason;
 }
 
-// The parent of every TEST in these files: skips the test, printing the
-// reason, in a native build on a machine without a CUDA device.
+// The fixture of every CUDA_TEST: skips the test, printing the reason, in a
+// native build on a machine without a CUDA device.
 class CudaDeviceTest : public testing::Test {
   protected:
     void SetUp() override {
@@ -78,32 +154,11 @@ class CudaTestEnvironment : public testing::Environment {
 };
 inline testing::Environment* const cuda_test_environment = testing::AddGlobalTestEnvironment(new CudaTestEnvironment);
 
-// The shape of an attention test: qkv (B, T, 3C), out (B, T, C), rows (B, NH, T).
-struct AttentionShape {
-    int B, T, C, NH;
-    int HS() const { return C / NH; }
-    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
-    size_t out_size() const { return (size_t)B * T * C; }
-    size_t rows() const { return (size_t)B * NH * T; }
-};
-
-inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> value(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = value(rng);
-    return v;
-}
-
 }  // namespace knngpt_test
 
-// TEST(...) in the kernel test files derives from CudaDeviceTest instead of
-// testing::Test (GoogleTest's own TEST with another parent class).
-#undef TEST
-#define TEST(suite, name) \
+// CUDA_TEST(Suite, Name) { ... }: a test of kernels/cuda. It is GoogleTest's
+// TEST(Suite, Name) with CudaDeviceTest for its fixture (the way TEST_F gives
+// a test its fixture), so it is skipped, saying why, in a native build on a
+// machine without a CUDA device. GoogleTest's TEST itself is left as it is.
+#define CUDA_TEST(suite, name) \
     GTEST_TEST_(suite, name, ::knngpt_test::CudaDeviceTest, ::testing::internal::GetTypeId<::knngpt_test::CudaDeviceTest>())
-
-#undef launch
-#define launch(...)                                                                       \
-    (::knngpt_test::launched_kernels().insert(::knngpt_test::launched_kernel_name(#__VA_ARGS__)), \
-     ::knngpt::cuda::launch_kernel(__FILE__, __LINE__, #__VA_ARGS__, __VA_ARGS__))

@@ -15,7 +15,6 @@
 
 #include <cmath>
 #include <functional>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/adamw.h"
@@ -32,6 +31,9 @@
 
 using knngpt_test::finite_difference_gradient;
 using knngpt_test::max_rel_error;
+using knngpt_test::random_ints;
+using knngpt_test::to_double;
+using knngpt_test::uniform;
 using std::vector;
 namespace cpu = knngpt::cpu;
 
@@ -39,24 +41,6 @@ namespace {
 
 constexpr double kForwardTol = 1e-5;
 constexpr double kBackwardTol = 1e-4;
-
-vector<float> random_floats(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<float> dist(lo, hi);
-    vector<float> x(n);
-    for (auto& v : x) v = dist(gen);
-    return x;
-}
-
-vector<int> random_ints(size_t n, unsigned seed, int upper) {
-    std::mt19937 gen(seed);
-    std::uniform_int_distribution<int> dist(0, upper - 1);
-    vector<int> x(n);
-    for (auto& v : x) v = dist(gen);
-    return x;
-}
-
-vector<double> to_double(const vector<float>& x) { return vector<double>(x.begin(), x.end()); }
 
 
 // ---------------------------------------------------------------------------
@@ -239,7 +223,7 @@ TEST(CpuOps, TanhVectorizableIsWithinAbsoluteTolerance) {
 TEST(CpuOps, EncoderForwardMatchesReference) {
     const int B = 2, T = 7, C = 12, V = 5, maxT = 9;
     auto inp = random_ints((size_t)B * T, 1, V);
-    auto wte = random_floats((size_t)V * C, 2), wpe = random_floats((size_t)maxT * C, 3);
+    auto wte = uniform((size_t)V * C, 2), wpe = uniform((size_t)maxT * C, 3);
     vector<float> out((size_t)B * T * C);
     cpu::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
     auto expected = ref_encoder(inp, to_double(wte), to_double(wpe), B, T, C);
@@ -250,8 +234,8 @@ TEST(CpuOps, EncoderBackwardMatchesFiniteDifferencesWithRepeatedTokens) {
     // V = 5 tokens over 26 positions: every token id repeats; C = 130 spans several channel blocks.
     const int B = 2, T = 13, C = 130, V = 5, maxT = 15;
     auto inp = random_ints((size_t)B * T, 4, V);
-    auto wte = random_floats((size_t)V * C, 5), wpe = random_floats((size_t)maxT * C, 6);
-    auto w = random_floats((size_t)B * T * C, 7);
+    auto wte = uniform((size_t)V * C, 5), wpe = uniform((size_t)maxT * C, 6);
+    auto w = uniform((size_t)B * T * C, 7);
     vector<float> dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
     cpu::encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C);
 
@@ -269,8 +253,8 @@ TEST(CpuOps, EncoderBackwardMatchesFiniteDifferencesWithRepeatedTokens) {
 
 TEST(CpuOps, LayerNormForwardMatchesReferenceAndSavesMeanRstd) {
     const int N = 14, C = 20;
-    auto inp = random_floats((size_t)N * C, 10, -2.0f, 3.0f);
-    auto weight = random_floats(C, 11), bias = random_floats(C, 12);
+    auto inp = uniform((size_t)N * C, 10, -2.0f, 3.0f);
+    auto weight = uniform(C, 11), bias = uniform(C, 12);
     vector<float> out((size_t)N * C), mean(N), rstd(N);
     cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
     auto r = ref_layernorm(to_double(inp), to_double(weight), to_double(bias), N, C);
@@ -281,9 +265,9 @@ TEST(CpuOps, LayerNormForwardMatchesReferenceAndSavesMeanRstd) {
 
 TEST(CpuOps, LayerNormBackwardMatchesFiniteDifferences) {
     const int N = 14, C = 20;
-    auto inp = random_floats((size_t)N * C, 13, -2.0f, 3.0f);
-    auto weight = random_floats(C, 14), bias = random_floats(C, 15);
-    auto w = random_floats((size_t)N * C, 16);
+    auto inp = uniform((size_t)N * C, 13, -2.0f, 3.0f);
+    auto weight = uniform(C, 14), bias = uniform(C, 15);
+    auto w = uniform((size_t)N * C, 16);
     vector<float> out((size_t)N * C), mean(N), rstd(N);
     cpu::layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(), N, C);
     vector<float> dinp(inp.size(), 0.0f), dweight(C, 0.0f), dbias(C, 0.0f);
@@ -306,8 +290,8 @@ TEST(CpuOps, LayerNormBackwardMatchesFiniteDifferences) {
 
 TEST(CpuOps, MatmulForwardMatchesReferenceWithAndWithoutBias) {
     const int N = 14, C = 12, OC = 17;
-    auto inp = random_floats((size_t)N * C, 20), weight = random_floats((size_t)OC * C, 21);
-    auto bias = random_floats(OC, 22);
+    auto inp = uniform((size_t)N * C, 20), weight = uniform((size_t)OC * C, 21);
+    auto bias = uniform(OC, 22);
     auto inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
     vector<float> out((size_t)N * OC);
 
@@ -323,9 +307,9 @@ TEST(CpuOps, MatmulForwardMatchesReferenceWithAndWithoutBias) {
 TEST(CpuOps, MatmulBackwardMatchesFiniteDifferences) {
     // OC = 70 spans two column blocks of the dbias reduction.
     const int N = 14, C = 12, OC = 70;
-    auto inp = random_floats((size_t)N * C, 23), weight = random_floats((size_t)OC * C, 24);
-    auto bias = random_floats(OC, 25);
-    auto w = random_floats((size_t)N * OC, 26);
+    auto inp = uniform((size_t)N * C, 23), weight = uniform((size_t)OC * C, 24);
+    auto bias = uniform(OC, 25);
+    auto w = uniform((size_t)N * OC, 26);
     vector<float> dinp(inp.size(), 0.0f), dweight(weight.size(), 0.0f), dbias(OC, 0.0f);
     cpu::matmul_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), N, C, OC);
 
@@ -348,8 +332,8 @@ TEST(CpuOps, MatmulBackwardMatchesFiniteDifferences) {
 // The plain-loop matmul (the benchmark's baseline) computes what sgemm does.
 TEST(CpuOps, MatmulLoopsMatchSgemm) {
     const int N = 19, C = 24, OC = 33;
-    auto inp = random_floats((size_t)N * C, 27), weight = random_floats((size_t)OC * C, 28);
-    auto bias = random_floats(OC, 29), dout = random_floats((size_t)N * OC, 30);
+    auto inp = uniform((size_t)N * C, 27), weight = uniform((size_t)OC * C, 28);
+    auto bias = uniform(OC, 29), dout = uniform((size_t)N * OC, 30);
     vector<float> out_blas((size_t)N * OC), out_loops((size_t)N * OC);
     cpu::matmul_forward(out_blas.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
     cpu::matmul_forward_loops(out_loops.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
@@ -369,7 +353,7 @@ TEST(CpuOps, MatmulLoopsMatchSgemm) {
 // ---------------------------------------------------------------------------
 
 TEST(CpuOps, GeluForwardMatchesReference) {
-    auto inp = random_floats(301, 30, -4.0f, 4.0f);
+    auto inp = uniform(301, 30, -4.0f, 4.0f);
     const float tails[] = {-50.0f, -12.0f, -6.0f, 0.0f, 6.0f, 12.0f, 50.0f};
     for (size_t k = 0; k < sizeof tails / sizeof tails[0]; k++) inp[k] = tails[k];
     vector<float> out(inp.size());
@@ -379,10 +363,10 @@ TEST(CpuOps, GeluForwardMatchesReference) {
 }
 
 TEST(CpuOps, GeluBackwardMatchesFiniteDifferences) {
-    auto inp = random_floats(301, 31, -4.0f, 4.0f);
+    auto inp = uniform(301, 31, -4.0f, 4.0f);
     const float tails[] = {-50.0f, -12.0f, -6.0f, 0.0f, 6.0f, 12.0f, 50.0f};
     for (size_t k = 0; k < sizeof tails / sizeof tails[0]; k++) inp[k] = tails[k];
-    auto w = random_floats(inp.size(), 32);
+    auto w = uniform(inp.size(), 32);
     vector<float> dinp(inp.size(), 0.0f);
     cpu::gelu_backward(dinp.data(), inp.data(), w.data(), inp.size());
     auto inp_d = to_double(inp);
@@ -392,7 +376,7 @@ TEST(CpuOps, GeluBackwardMatchesFiniteDifferences) {
 
 TEST(CpuOps, ResidualForwardAddsAndBackwardPassesGradientToBothInputs) {
     const size_t N = 301;
-    auto a = random_floats(N, 33), b = random_floats(N, 34), dout = random_floats(N, 35);
+    auto a = uniform(N, 33), b = uniform(N, 34), dout = uniform(N, 35);
     vector<float> out(N);
     cpu::residual_forward(out.data(), a.data(), b.data(), N);
     for (size_t i = 0; i < N; i++) EXPECT_EQ(out[i], a[i] + b[i]);
@@ -409,7 +393,7 @@ TEST(CpuOps, ResidualForwardAddsAndBackwardPassesGradientToBothInputs) {
 namespace {
 
 void expect_attention_forward_matches_reference(int B, int T, int C, int NH, unsigned seed) {
-    auto qkv = random_floats((size_t)B * T * 3 * C, seed, -2.0f, 2.0f);
+    auto qkv = uniform((size_t)B * T * 3 * C, seed, -2.0f, 2.0f);
     vector<float> out((size_t)B * T * C), lse((size_t)B * NH * T);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
     auto r = ref_attention(to_double(qkv), B, T, C, NH);
@@ -418,8 +402,8 @@ void expect_attention_forward_matches_reference(int B, int T, int C, int NH, uns
 }
 
 void expect_attention_backward_matches_finite_differences(int B, int T, int C, int NH, unsigned seed) {
-    auto qkv = random_floats((size_t)B * T * 3 * C, seed, -2.0f, 2.0f);
-    auto w = random_floats((size_t)B * T * C, seed + 1);
+    auto qkv = uniform((size_t)B * T * 3 * C, seed, -2.0f, 2.0f);
+    auto w = uniform((size_t)B * T * C, seed + 1);
     vector<float> out((size_t)B * T * C), lse((size_t)B * NH * T);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
     vector<float> dqkv(qkv.size(), 0.0f);
@@ -450,12 +434,12 @@ TEST(CpuOps, AttentionBackwardMatchesFiniteDifferences) {
 TEST(CpuOps, AttentionIsCausal) {
     // Changing q, k and v at positions > i leaves out[.., i, ..] and lse[.., i] unchanged.
     const int B = 2, T = 100, C = 12, NH = 3, i = 40;
-    auto qkv = random_floats((size_t)B * T * 3 * C, 46, -2.0f, 2.0f);
+    auto qkv = uniform((size_t)B * T * 3 * C, 46, -2.0f, 2.0f);
     vector<float> out((size_t)B * T * C), lse((size_t)B * NH * T);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
 
     auto changed = qkv;
-    auto noise = random_floats(changed.size(), 47, -3.0f, 3.0f);
+    auto noise = uniform(changed.size(), 47, -3.0f, 3.0f);
     for (int b = 0; b < B; b++)
         for (int t = i + 1; t < T; t++)
             for (int c = 0; c < 3 * C; c++) changed[((size_t)b * T + t) * 3 * C + c] = noise[((size_t)b * T + t) * 3 * C + c];
@@ -478,8 +462,8 @@ TEST(CpuOps, AttentionIsCausal) {
 TEST(CpuOps, AttentionMatchesReferenceBeyondT1024) {
     // T = 1100: 18 query blocks, the last one partial; scratch stays (block, T) per thread.
     const int B = 1, T = 1100, C = 16, NH = 2;
-    auto qkv = random_floats((size_t)B * T * 3 * C, 48, -2.0f, 2.0f);
-    auto dout = random_floats((size_t)B * T * C, 49);
+    auto qkv = uniform((size_t)B * T * 3 * C, 48, -2.0f, 2.0f);
+    auto dout = uniform((size_t)B * T * C, 49);
     vector<float> out((size_t)B * T * C), lse((size_t)B * NH * T);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
     auto qkv_d = to_double(qkv);
@@ -499,7 +483,7 @@ TEST(CpuOps, AttentionMatchesReferenceBeyondT1024) {
 
 TEST(CpuOps, CrossEntropyForwardMatchesReferenceAndIgnoresPadding) {
     const int N = 14, V = 23, Vp = 32;
-    auto logits = random_floats((size_t)N * Vp, 50, -4.0f, 4.0f);
+    auto logits = uniform((size_t)N * Vp, 50, -4.0f, 4.0f);
     for (int n = 0; n < N; n++)  // huge padding logits would dominate if they leaked in
         for (int j = V; j < Vp; j++) logits[(size_t)n * Vp + j] = 100.0f;
     auto targets = random_ints(N, 51, V);
@@ -511,7 +495,7 @@ TEST(CpuOps, CrossEntropyForwardMatchesReferenceAndIgnoresPadding) {
 
 TEST(CpuOps, CrossEntropyBackwardMatchesFiniteDifferencesOfMeanLoss) {
     const int N = 14, V = 23, Vp = 32;
-    auto logits = random_floats((size_t)N * Vp, 52, -4.0f, 4.0f);
+    auto logits = uniform((size_t)N * Vp, 52, -4.0f, 4.0f);
     auto targets = random_ints(N, 53, V);
     vector<float> dlogits(logits.size(), 123.0f);  // written, not accumulated
     cpu::crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
@@ -529,7 +513,7 @@ TEST(CpuOps, CrossEntropyBackwardMatchesFiniteDifferencesOfMeanLoss) {
 
 TEST(CpuOps, CrossEntropyBackwardZeroesPaddingAndWorksInPlace) {
     const int N = 14, V = 23, Vp = 32;
-    auto logits = random_floats((size_t)N * Vp, 54, -4.0f, 4.0f);
+    auto logits = uniform((size_t)N * Vp, 54, -4.0f, 4.0f);
     auto targets = random_ints(N, 55, V);
     vector<float> dlogits(logits.size(), 7.0f);
     cpu::crossentropy_softmax_backward(dlogits.data(), logits.data(), targets.data(), 0.5f, N, V, Vp);
@@ -543,7 +527,7 @@ TEST(CpuOps, CrossEntropyBackwardZeroesPaddingAndWorksInPlace) {
 
 TEST(CpuOps, CrossEntropyFusedEqualsForwardThenBackwardInPlaceAndOut) {
     const int N = 14, V = 23, Vp = 32;
-    auto logits = random_floats((size_t)N * Vp, 56, -4.0f, 4.0f);
+    auto logits = uniform((size_t)N * Vp, 56, -4.0f, 4.0f);
     for (int n = 0; n < N; n++)  // the padding must neither enter the softmax nor survive in dlogits
         for (int j = V; j < Vp; j++) logits[(size_t)n * Vp + j] = 100.0f;
     auto targets = random_ints(N, 57, V);
@@ -599,7 +583,7 @@ TEST(CpuOps, AdamWMatchesHandComputedThreeSteps) {
 }
 
 TEST(CpuOps, GlobalNormSquaredMatchesDoubleSum) {
-    auto x = random_floats(100003, 60, -3.0f, 3.0f);
+    auto x = uniform(100003, 60, -3.0f, 3.0f);
     double expected = 0.0;
     for (float v : x) expected += (double)v * (double)v;
     EXPECT_NEAR(cpu::global_norm_squared(x.data(), x.size()), expected, 1e-12 * expected);
@@ -626,7 +610,7 @@ TEST(CpuOps, BackwardsAccumulateIntoGradients) {
     };
 
     const int B = 2, T = 13, C = 20, NH = 4, OC = 17, V = 5, N = B * T;
-    auto dout_c = random_floats((size_t)N * C, 70), dout_oc = random_floats((size_t)N * OC, 71);
+    auto dout_c = uniform((size_t)N * C, 70), dout_oc = uniform((size_t)N * OC, 71);
 
     // encoder
     auto inp = random_ints(N, 72, V);
@@ -635,7 +619,7 @@ TEST(CpuOps, BackwardsAccumulateIntoGradients) {
               [&] { cpu::encoder_backward(dwte.data(), dwpe.data(), dout_c.data(), inp.data(), B, T, C); });
 
     // layernorm
-    auto x = random_floats((size_t)N * C, 73), weight = random_floats(C, 74), bias = random_floats(C, 75);
+    auto x = uniform((size_t)N * C, 73), weight = uniform(C, 74), bias = uniform(C, 75);
     vector<float> y((size_t)N * C), mean(N), rstd(N);
     cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(), bias.data(), N, C);
     vector<float> dx(x.size()), dweight(C), dbias(C);
@@ -645,7 +629,7 @@ TEST(CpuOps, BackwardsAccumulateIntoGradients) {
     });
 
     // matmul
-    auto mw = random_floats((size_t)OC * C, 76);
+    auto mw = uniform((size_t)OC * C, 76);
     vector<float> dmx(x.size()), dmw(mw.size()), dmb(OC);
     run_twice("matmul", {&dmx, &dmw, &dmb}, [&] {
         cpu::matmul_backward(dmx.data(), dmw.data(), dmb.data(), dout_oc.data(), x.data(), mw.data(), N, C, OC);
@@ -658,7 +642,7 @@ TEST(CpuOps, BackwardsAccumulateIntoGradients) {
     run_twice("residual", {&da, &db}, [&] { cpu::residual_backward(da.data(), db.data(), dout_c.data(), x.size()); });
 
     // attention
-    auto qkv = random_floats((size_t)N * 3 * C, 77);
+    auto qkv = uniform((size_t)N * 3 * C, 77);
     vector<float> out((size_t)N * C), lse((size_t)B * NH * T);
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
     vector<float> dqkv(qkv.size());

@@ -14,12 +14,7 @@
 //   - that the error against fp32 is not tiny, i.e. bf16 is really used.
 // Shapes: T not a multiple of 16 or 64 (one or two 64-row tiles), HS in
 // {16, 32, 64, 128}. Emulated wmma is slow, so the shapes are small.
-#ifndef KNNGPT_CUDA_NATIVE  // nvcc builds this file for the GPU with -DKNNGPT_CUDA_NATIVE
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/attention_bf16.cuh"
 
@@ -30,11 +25,15 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
+using knngpt_test::attention_qkv;
 using knngpt_test::DeviceArray;
+using knngpt_test::max_abs_diff;
 using knngpt_test::max_rel_error;
 using knngpt_test::uniform;
+using Shape = knngpt_test::AttentionShape;
 
 namespace {
 
@@ -56,16 +55,10 @@ std::vector<float> round_channels(const std::vector<float>& qkv, int C, int firs
     return r;
 }
 
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    double d = 0.0;
-    for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs((double)a[i] - (double)b[i]));
-    return d;
-}
-
-void check_bf16_attention(int B, int T, int C, int NH, unsigned seed) {
-    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
-    std::vector<float> qkv = uniform(n_qkv, seed);
-    for (float& x : qkv) x *= 2.0f;
+void check_bf16_attention(const Shape& s, unsigned seed) {
+    const int B = s.B, T = s.T, C = s.C, NH = s.NH;
+    const size_t n_qkv = s.qkv_size(), n_out = s.out_size(), n_lse = s.rows();
+    const std::vector<float> qkv = attention_qkv(s, seed);
     const std::vector<float> dout = uniform(n_out, seed + 1);
 
     // fp32 CPU twin
@@ -164,13 +157,13 @@ void check_bf16_attention(int B, int T, int C, int NH, unsigned seed) {
     }
 }
 
-TEST(CudaAttentionBf16, HeadSize16) { check_bf16_attention(2, 37, 32, 2, 1); }
+CUDA_TEST(CudaAttentionBf16, HeadSize16) { check_bf16_attention({2, 37, 32, 2}, 1); }
 
-TEST(CudaAttentionBf16, HeadSize32) { check_bf16_attention(1, 70, 64, 2, 10); }
+CUDA_TEST(CudaAttentionBf16, HeadSize32) { check_bf16_attention({1, 70, 64, 2}, 10); }
 
 // T = 70: two 64-row tiles on each side
-TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention(1, 70, 128, 2, 20); }
+CUDA_TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention({1, 70, 128, 2}, 20); }
 
-TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention(1, 45, 256, 2, 30); }
+CUDA_TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention({1, 45, 256, 2}, 30); }
 
 }  // namespace

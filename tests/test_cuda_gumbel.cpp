@@ -16,12 +16,7 @@
 // Tolerance: both sides draw the same samples and add the same fp32 values in the same
 // order; one sample chosen differently moves an entry by a whole |v_J - v_J'| / t, far
 // above 1e-5 of the largest entry, so the comparison checks the samples too.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/gumbel_attention.cuh"
 
@@ -36,41 +31,30 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
 #include "kernels/cpu/topk_index.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
 using knngpt::DrawSite;
+using knngpt_test::attention_qkv;
+using knngpt_test::brute_topk;
 using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
-using knngpt_test::uniform;
+using Shape = knngpt_test::AttentionShape;
 using std::vector;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
 
-using Shape = knngpt_test::AttentionShape;
-
-// qkv uniform in [-2, 2] (rows far from uniform, so heads and tails both win)
-vector<float> make_qkv(const Shape& s, unsigned seed) {
-    vector<float> qkv = uniform(s.qkv_size(), seed);
-    for (float& v : qkv) v *= 2.0f;
-    return qkv;
-}
-
-vector<int> make_topk(const vector<float>& qkv, const Shape& s, int k) {
-    vector<int> topk((size_t)s.B * s.NH * s.T * k);
-    knngpt::cpu::causal_topk_brute(topk.data(), qkv.data(), s.B, s.T, s.C, s.NH, k);
-    return topk;
-}
 
 void expect_same_forward(const Shape& s, unsigned data_seed) {
-    const vector<float> qkv = make_qkv(s, data_seed);
+    const vector<float> qkv = attention_qkv(s, data_seed);
     DeviceArray<float> d_qkv(qkv);
     const uint64_t seed = 0x9E3779B97F4A7C15ull;
     const uint32_t step = 3;
     const int layer = 1;
     for (int k : {1, 4, s.T + 2}) {
-        const vector<int> topk = make_topk(qkv, s, k);
+        const vector<int> topk = brute_topk(qkv, s, k);
         DeviceArray<int> d_topk(topk);
         for (int groups : {1, 3, 4}) {
             for (int samples : {1, 5}) {
@@ -90,9 +74,9 @@ void expect_same_forward(const Shape& s, unsigned data_seed) {
     }
 }
 
-TEST(CudaGumbel, ForwardMatchesCpuHeadSize8) { expect_same_forward(Shape{2, 23, 24, 3}, 41); }
+CUDA_TEST(CudaGumbel, ForwardMatchesCpuHeadSize8) { expect_same_forward(Shape{2, 23, 24, 3}, 41); }
 
-TEST(CudaGumbel, ForwardMatchesCpuHeadSize32) { expect_same_forward(Shape{1, 40, 64, 2}, 51); }
+CUDA_TEST(CudaGumbel, ForwardMatchesCpuHeadSize32) { expect_same_forward(Shape{1, 40, 64, 2}, 51); }
 
 // One thread per (row i, sample number n) of head 0 of batch 0: the shared sampler on
 // the device, with the exceeder cap `cap` (< 0: the default cap).
@@ -114,10 +98,10 @@ __global__ void lazy_gumbel_probe_kernel(int* J, int* exceeders, int* fell_back,
     fell_back[thread] = fb ? 1 : 0;
 }
 
-TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
+CUDA_TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
     const Shape s{1, 60, 32, 2};
     // flat rows (small queries): many exceeders, so small caps are hit often
-    vector<float> qkv = make_qkv(s, 61);
+    vector<float> qkv = attention_qkv(s, 61);
     for (size_t n = 0; n < qkv.size(); n++)
         if (n % (3 * s.C) < (size_t)s.C) qkv[n] *= 0.1f;
     DeviceArray<float> d_qkv(qkv);
@@ -127,7 +111,7 @@ TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
     const float tau = 1.0f / std::sqrt((float)HS);
     const uint64_t seed = 77;
     for (int k : {1, 4}) {
-        const vector<int> topk = make_topk(qkv, s, k);  // head 0's lists come first
+        const vector<int> topk = brute_topk(qkv, s, k);  // head 0's lists come first
         DeviceArray<int> d_topk(topk);
         for (int cap : {-1, 0, 1}) {
             DeviceArray<int> d_J(vector<int>(threads, -7)), d_x(vector<int>(threads, -7)),
@@ -166,7 +150,7 @@ TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
 }
 
 // The unsupported configurations stop with one line before touching any pointer.
-TEST(CudaGumbel, UnsupportedConfigurationsExit) {
+CUDA_TEST(CudaGumbel, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
     auto run = [](int T, int groups, int samples) {
         knngpt::cuda::gumbel_attention_forward(nullptr, nullptr, nullptr, 1, T, 16, 2, 4, groups, samples, 1, 0, 0);

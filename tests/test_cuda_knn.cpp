@@ -15,12 +15,7 @@
 // both sides are fp32 and differ only in summation order, expf against
 // exp_vectorizable and, in the backward, the order of the atomic additions (a few
 // ulp over a few dozen O(1) terms). The index and the sampler must match exactly.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/sparse_attention.cuh"
 #include "kernels/cuda/tail_sampling.cuh"
@@ -39,25 +34,21 @@
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/tail_sampling.h"
 #include "kernels/cpu/topk_index.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
+using knngpt_test::attention_qkv;
+using knngpt_test::brute_topk;
 using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
 using knngpt_test::uniform;
+using Shape = knngpt_test::AttentionShape;
 using std::vector;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
 
-using Shape = knngpt_test::AttentionShape;
-
-// qkv (B, T, 3C) uniform in [-2, 2]
-vector<float> random_qkv(const Shape& s, unsigned seed) {
-    vector<float> qkv = uniform(s.qkv_size(), seed);
-    for (float& v : qkv) v *= 2.0f;
-    return qkv;
-}
 
 // every key row j of every head replaced by key row j % period: exact score ties
 void duplicate_keys(vector<float>& qkv, const Shape& s, int period) {
@@ -73,12 +64,6 @@ void quantise(vector<float>& qkv) {
     for (float& v : qkv) v = std::round(v * 2.0f) / 2.0f;
 }
 
-vector<int> cpu_topk(const vector<float>& qkv, const Shape& s, int k) {
-    vector<int> idx(s.rows() * k);
-    knngpt::cpu::causal_topk_brute(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k);
-    return idx;
-}
-
 vector<int> cuda_topk(const vector<float>& qkv, const Shape& s, int k) {
     DeviceArray<float> d_qkv(qkv);
     DeviceArray<int> d_idx(vector<int>(s.rows() * k, -99));
@@ -87,7 +72,7 @@ vector<int> cuda_topk(const vector<float>& qkv, const Shape& s, int k) {
 }
 
 void expect_same_topk(const vector<float>& qkv, const Shape& s, int k) {
-    const vector<int> expected = cpu_topk(qkv, s, k);
+    const vector<int> expected = brute_topk(qkv, s, k);
     const vector<int> got = cuda_topk(qkv, s, k);
     ASSERT_EQ(got.size(), expected.size());
     size_t mismatches = 0, first = 0;
@@ -189,48 +174,48 @@ void check_sparse(const Shape& s, const vector<float>& qkv, const vector<int>& i
 // top-k index
 // ---------------------------------------------------------------------------
 
-TEST(CudaTopk, MatchesCpuOnHeadSize8) {
+CUDA_TEST(CudaTopk, MatchesCpuOnHeadSize8) {
     const Shape s{2, 29, 24, 3};
-    const vector<float> qkv = random_qkv(s, 1);
+    const vector<float> qkv = attention_qkv(s, 1);
     for (int k : {1, 5, 28, 29, 40}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuOnHeadSize32) {
+CUDA_TEST(CudaTopk, MatchesCpuOnHeadSize32) {
     const Shape s{1, 40, 64, 2};
-    const vector<float> qkv = random_qkv(s, 2);
+    const vector<float> qkv = attention_qkv(s, 2);
     for (int k : {1, 5, 17, 40}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuWithDuplicatedKeys) {
+CUDA_TEST(CudaTopk, MatchesCpuWithDuplicatedKeys) {
     const Shape s{2, 29, 24, 3};
-    vector<float> qkv = random_qkv(s, 3);
+    vector<float> qkv = attention_qkv(s, 3);
     duplicate_keys(qkv, s, 4);  // every score appears 7 or 8 times in a full row
     for (int k : {1, 5, 9}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuWithQuantisedValues) {
+CUDA_TEST(CudaTopk, MatchesCpuWithQuantisedValues) {
     const Shape s{1, 45, 8, 2};
-    vector<float> qkv = random_qkv(s, 4);
+    vector<float> qkv = attention_qkv(s, 4);
     quantise(qkv);  // HS = 4 products of halves: few distinct scores, many ties, zeros
     for (int k : {1, 3, 5, 20}) expect_same_topk(qkv, s, k);
 }
 
-TEST(CudaTopk, MatchesCpuWithLargeKAndLargeHeadSize) {
+CUDA_TEST(CudaTopk, MatchesCpuWithLargeKAndLargeHeadSize) {
     const Shape wide{1, 160, 16, 1};
-    expect_same_topk(random_qkv(wide, 5), wide, 128);  // k = 128 with 32 rows that search
+    expect_same_topk(attention_qkv(wide, 5), wide, 128);  // k = 128 with 32 rows that search
     const Shape deep{1, 21, 256, 1};
-    expect_same_topk(random_qkv(deep, 6), deep, 5);  // HS = 256
+    expect_same_topk(attention_qkv(deep, 6), deep, 5);  // HS = 256
 }
 
 // ---------------------------------------------------------------------------
 // tail sampling
 // ---------------------------------------------------------------------------
 
-TEST(CudaTailSampling, MatchesCpuWithAndWithoutReplacement) {
+CUDA_TEST(CudaTailSampling, MatchesCpuWithAndWithoutReplacement) {
     const Shape s{2, 29, 24, 3};
-    const vector<float> qkv = random_qkv(s, 7);
+    const vector<float> qkv = attention_qkv(s, 7);
     for (int k : {1, 5}) {
-        const vector<int> topk = cpu_topk(qkv, s, k);
+        const vector<int> topk = brute_topk(qkv, s, k);
         for (int m : {1, 4, 11}) {
             // rows i with i + 1 - min(k, i + 1) <= m keep their whole tail
             const vector<int> wide = widen(topk, s, k, m);
@@ -240,10 +225,10 @@ TEST(CudaTailSampling, MatchesCpuWithAndWithoutReplacement) {
     }
 }
 
-TEST(CudaTailSampling, MatchesCpuOnUnsortedHeadsWithHoles) {
+CUDA_TEST(CudaTailSampling, MatchesCpuOnUnsortedHeadsWithHoles) {
     const Shape s{1, 40, 64, 2};
     const int k = 6, m = 5;
-    vector<int> wide = widen(cpu_topk(random_qkv(s, 8), s, k), s, k, m);
+    vector<int> wide = widen(brute_topk(attention_qkv(s, 8), s, k), s, k, m);
     // reverse each head and knock out one slot: any slot order, -1 anywhere
     std::mt19937 rng(9);
     for (size_t r = 0; r < s.rows(); r++) {
@@ -260,9 +245,9 @@ TEST(CudaTailSampling, MatchesCpuOnUnsortedHeadsWithHoles) {
 // ---------------------------------------------------------------------------
 
 void check_knn_tail_lists(const Shape& s, int k, int m, unsigned seed) {
-    const vector<float> qkv = random_qkv(s, seed);
+    const vector<float> qkv = attention_qkv(s, seed);
     const int K = k + m;
-    const vector<int> wide = widen(cpu_topk(qkv, s, k), s, k, m);
+    const vector<int> wide = widen(brute_topk(qkv, s, k), s, k, m);
     Lists lists = cpu_tail(wide, s, k, m, false, seed, 0, 0);
     // one empty list: out 0, lse -inf, no gradient
     for (int t = 0; t < K; t++) lists.idx[(s.rows() - 2) * K + t] = -1;
@@ -270,21 +255,21 @@ void check_knn_tail_lists(const Shape& s, int k, int m, unsigned seed) {
     check_sparse(s, qkv, lists.idx, nullptr, K, seed + 2);      // without
 }
 
-TEST(CudaSparseAttention, HeadSize8MatchesCpu) { check_knn_tail_lists(Shape{2, 29, 24, 3}, 5, 4, 10); }
+CUDA_TEST(CudaSparseAttention, HeadSize8MatchesCpu) { check_knn_tail_lists(Shape{2, 29, 24, 3}, 5, 4, 10); }
 
-TEST(CudaSparseAttention, HeadSize32MatchesCpu) { check_knn_tail_lists(Shape{1, 40, 64, 2}, 3, 6, 20); }
+CUDA_TEST(CudaSparseAttention, HeadSize32MatchesCpu) { check_knn_tail_lists(Shape{1, 40, 64, 2}, 3, 6, 20); }
 
-TEST(CudaSparseAttention, WithReplacementRepeatsMatchCpu) {
+CUDA_TEST(CudaSparseAttention, WithReplacementRepeatsMatchCpu) {
     const Shape s{1, 33, 16, 2};
     const int k = 2, m = 8, K = k + m;
-    const vector<float> qkv = random_qkv(s, 30);
-    const Lists lists = cpu_tail(widen(cpu_topk(qkv, s, k), s, k, m), s, k, m, true, 31, 0, 0);
+    const vector<float> qkv = attention_qkv(s, 30);
+    const Lists lists = cpu_tail(widen(brute_topk(qkv, s, k), s, k, m), s, k, m, true, 31, 0, 0);
     check_sparse(s, qkv, lists.idx, &lists.logw, K, 32);
 }
 
-TEST(CudaSparseAttention, ListsOfEveryKeyEqualExactAttention) {
+CUDA_TEST(CudaSparseAttention, ListsOfEveryKeyEqualExactAttention) {
     for (const Shape& s : {Shape{2, 29, 24, 3}, Shape{1, 40, 64, 2}}) {
-        const vector<float> qkv = random_qkv(s, 40);
+        const vector<float> qkv = attention_qkv(s, 40);
         const int K = s.T;  // top-k with k >= T: row i holds 0..i, then -1
         DeviceArray<float> d_qkv(qkv);
         DeviceArray<int> d_idx(vector<int>(s.rows() * K, 0));

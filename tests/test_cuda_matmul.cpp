@@ -22,12 +22,7 @@
 //       twice one pass's sum); the documented ~2^-8 doubled leaves room for
 //       fp32 summation. And the error is not tiny (max relative error
 //       > 1e-5), so the rounding really happens.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -41,12 +36,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/matmul.h"
 #include "tests/test_util.h"
 
 using knngpt::cuda::matmul_precision;
 using knngpt::cuda::MatmulPrecision;
 using knngpt_test::DeviceArray;
+using knngpt_test::expect_close;
 using knngpt_test::max_rel_error;
 using knngpt_test::uniform;
 
@@ -54,11 +51,6 @@ namespace {
 
 constexpr double kTolerance = 1e-5;
 constexpr int kN = 19, kC = 24, kOC = 33;
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
-}
 
 // Sets matmul_precision() for the scope of a test and restores the previous value.
 class PrecisionScope {
@@ -72,7 +64,7 @@ class PrecisionScope {
     MatmulPrecision saved_;
 };
 
-TEST(CudaMatmul, ForwardMatchesCpuLoops) {
+CUDA_TEST(CudaMatmul, ForwardMatchesCpuLoops) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 1), weight = uniform((size_t)kOC * kC, 2),
                              bias = uniform(kOC, 3);
@@ -85,11 +77,11 @@ TEST(CudaMatmul, ForwardMatchesCpuLoops) {
                                           kN, kC, kOC);
         knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, kN, kC,
                                      kOC);
-        expect_close(d_out.to_host(), want, "out");
+        expect_close(d_out.to_host(), want, kTolerance, "out");
     }
 }
 
-TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
+CUDA_TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 4), weight = uniform((size_t)kOC * kC, 5),
                              dout = uniform((size_t)kN * kOC, 6);
@@ -107,9 +99,9 @@ TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
             knngpt::cuda::matmul_backward(d_dinp.ptr, d_dweight.ptr, with_dbias ? d_dbias.ptr : nullptr, d_dout.ptr,
                                           d_inp.ptr, d_weight.ptr, kN, kC, kOC);
         }
-        expect_close(d_dinp.to_host(), dinp, "dinp");
-        expect_close(d_dweight.to_host(), dweight, "dweight");
-        expect_close(d_dbias.to_host(), dbias, "dbias");
+        expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
+        expect_close(d_dweight.to_host(), dweight, kTolerance, "dweight");
+        expect_close(d_dbias.to_host(), dbias, kTolerance, "dbias");
         if (!with_dbias) {
             EXPECT_EQ(d_dbias.to_host(), dbias_start);
         }
@@ -181,7 +173,7 @@ void expect_within_bound(const std::vector<float>& got, const std::vector<float>
         << what << ": no visible bf16 rounding error";
 }
 
-TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
+CUDA_TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
     PrecisionScope bf16(MatmulPrecision::BF16);
     for (const Shape& s : kBf16Shapes) {
         SCOPED_TRACE(testing::Message() << "N=" << s.N << " C=" << s.C << " OC=" << s.OC);
@@ -200,13 +192,13 @@ TEST(CudaMatmul, Bf16ForwardIsRoundedOperandsInFp32) {
             knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, with_bias ? d_bias.ptr : nullptr, s.N,
                                          s.C, s.OC);
             const std::vector<float> got = d_out.to_host();
-            expect_close(got, rounded, "out vs rounded inputs");                       // (a)
+            expect_close(got, rounded, kTolerance, "out vs rounded inputs");                       // (a)
             expect_within_bound(got, exact, scale, kBoundFactor, "out vs fp32");   // (b)
         }
     }
 }
 
-TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
+CUDA_TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
     PrecisionScope bf16(MatmulPrecision::BF16);
     constexpr int kPasses = 2;
     for (const Shape& s : kBf16Shapes) {
@@ -240,13 +232,13 @@ TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
             }
             const std::vector<float> dinp = d_dinp.to_host(), dweight = d_dweight.to_host(), dbias = d_dbias.to_host();
             // (a)
-            expect_close(dinp, dinp_r, "dinp vs rounded inputs");
-            expect_close(dweight, dweight_r, "dweight vs rounded inputs");
+            expect_close(dinp, dinp_r, kTolerance, "dinp vs rounded inputs");
+            expect_close(dweight, dweight_r, kTolerance, "dweight vs rounded inputs");
             // (b): kPasses accumulated passes, each within its bound
             expect_within_bound(dinp, dinp_x, dinp_scale, kPasses * kBoundFactor, "dinp vs fp32");
             expect_within_bound(dweight, dweight_x, dweight_scale, kPasses * kBoundFactor, "dweight vs fp32");
             // dbias sums the fp32 dout in both modes
-            expect_close(dbias, dbias_x, "dbias");
+            expect_close(dbias, dbias_x, kTolerance, "dbias");
             if (!with_dbias) {
                 EXPECT_EQ(dbias, dbias0);
             }
@@ -272,7 +264,7 @@ std::vector<float> registered_copy(const float* p, size_t count) {
     return widened;
 }
 
-TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
+CUDA_TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
     PrecisionScope bf16(MatmulPrecision::BF16);
     const int N = 11, C = 37, OC = 21;
     const size_t weight_count = (size_t)OC * C, offset = 5;  // the weight sits inside a larger buffer
@@ -337,7 +329,7 @@ TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
 // dimension must be for the real library (which then falls back to our
 // kernels); OC = 32 is, so on a GPU the fused GELU runs too.
 
-TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
+CUDA_TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     using knngpt::cuda::matmul_fusion;
     using knngpt::cuda::MatmulFusion;
@@ -358,16 +350,105 @@ TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
             knngpt::cpu::matmul_forward(want.data(), inp.data(), weight.data(), b, N, C, OC);
             DeviceArray<float> d_out(std::vector<float>(want.size(), 7.0f));
             knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
-            expect_close(d_out.to_host(), want, "matmul_forward");
+            expect_close(d_out.to_host(), want, kTolerance, "matmul_forward");
 
             knngpt::cpu::matmul_forward_gelu(want_gelu.data(), want.data(), inp.data(), weight.data(), b, N, C, OC);
             DeviceArray<float> d_pre(std::vector<float>(want.size(), 7.0f)), d_gelu(std::vector<float>(want.size(), 7.0f));
             knngpt::cuda::matmul_forward_gelu(d_gelu.ptr, d_pre.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
-            expect_close(d_pre.to_host(), want, "matmul_forward_gelu: GELU input");
-            expect_close(d_gelu.to_host(), want_gelu, "matmul_forward_gelu: GELU output");
+            expect_close(d_pre.to_host(), want, kTolerance, "matmul_forward_gelu: GELU input");
+            expect_close(d_gelu.to_host(), want_gelu, kTolerance, "matmul_forward_gelu: GELU output");
         }
     }
     matmul_fusion() = saved;
+}
+
+// ---- which kernels ran ----------------------------------------------------------
+//
+// matmul_forward / matmul_forward_gelu hand the bias add and GELU to the GEMM's
+// epilogue as far as matmul_fusion() allows, else, or where the library has no
+// algorithm for the epilogue, run our matmul_bias_add_kernel and
+// gelu_forward_kernel after a plain GEMM. The library never gets an epilogue
+// for an empty product (C = 0: gemm_col_major leaves it to our kernels, in both
+// builds); otherwise the emulated library always has an algorithm, and
+// cuBLASLt none for GELU's stored input when its leading dimension OC is not a
+// multiple of 8. These tests record the kernels of each call on both sides of
+// those boundaries, for every fusion setting, with and without bias, and
+// check the values of the C = 0 fallback (the others are checked above).
+
+// Whether the GEMM library takes the epilogue (with GELU's stored input when
+// gelu) of the product (N, C) x (C, OC).
+bool library_has_epilogue(int C, int OC, bool gelu) {
+#if defined(KNNGPT_CUDA_EMU)
+    (void)OC;
+    (void)gelu;
+    return C > 0;
+#else
+    return C > 0 && (!gelu || OC % 8 == 0);
+#endif
+}
+
+// For every fusion setting, with and without bias, matmul_forward and
+// matmul_forward_gelu on shape s: the kernels each call launched are the ones
+// its path needs, and for C = 0 the values are bias (or 0) and its GELU.
+void expect_epilogue_paths(const Shape& s) {
+    using knngpt::cuda::matmul_fusion;
+    using knngpt::cuda::MatmulFusion;
+    using knngpt_test::Launches;
+    using knngpt_test::launches_of;
+    PrecisionScope fp32(MatmulPrecision::FP32);
+    const MatmulFusion saved = matmul_fusion();
+    const int N = s.N, C = s.C, OC = s.OC;
+    const std::vector<float> inp = uniform((size_t)N * C + 1, 40), weight = uniform((size_t)OC * C + 1, 41),
+                             bias = uniform(OC, 42);
+    DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
+    for (MatmulFusion fusion : {MatmulFusion::None, MatmulFusion::Bias, MatmulFusion::BiasGelu})
+    for (bool with_bias : {true, false})
+    for (bool gelu : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "N=" << N << " C=" << C << " OC=" << OC << ", fusion " << (int)fusion
+                                        << (with_bias ? ", bias" : ", no bias")
+                                        << (gelu ? ", matmul_forward_gelu" : ", matmul_forward"));
+        DeviceArray<float> d_out(std::vector<float>((size_t)N * OC, 7.0f)),
+            d_gelu(std::vector<float>((size_t)N * OC, 7.0f));
+        const float* d_b = with_bias ? d_bias.ptr : nullptr;
+        matmul_fusion() = fusion;
+        const Launches launched = launches_of([&] {
+            if (gelu) {
+                knngpt::cuda::matmul_forward_gelu(d_gelu.ptr, d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
+            } else {
+                knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, d_b, N, C, OC);
+            }
+        });
+        // what goes to the epilogue, and whether the library takes it
+        const bool epilogue_bias = with_bias && fusion != MatmulFusion::None;
+        const bool epilogue_gelu = gelu && fusion == MatmulFusion::BiasGelu;
+        const bool fused = (epilogue_bias || epilogue_gelu) && library_has_epilogue(C, OC, epilogue_gelu);
+        const int bias_kernels = launched.count("matmul_bias_add_kernel");
+        const int gelu_kernels = launched.count("gelu_forward_kernel");
+        EXPECT_EQ(bias_kernels, with_bias && !fused ? 1 : 0) << launched.list();
+        EXPECT_EQ(gelu_kernels, gelu && !(fused && epilogue_gelu) ? 1 : 0) << launched.list();
+        EXPECT_EQ(launched.size(), (size_t)(bias_kernels + gelu_kernels)) << launched.list();
+        if (C == 0) {
+            std::vector<float> want((size_t)N * OC), want_gelu((size_t)N * OC);
+            knngpt::cpu::matmul_forward_loops(want.data(), inp.data(), weight.data(), with_bias ? bias.data() : nullptr,
+                                              N, C, OC);
+            knngpt::cpu::gelu_forward(want_gelu.data(), want.data(), want.size());
+            expect_close(d_out.to_host(), want, kTolerance, gelu ? "GELU input" : "out");
+            if (gelu) expect_close(d_gelu.to_host(), want_gelu, kTolerance, "GELU output");
+        }
+    }
+    matmul_fusion() = saved;
+}
+
+// OC = 32: the library has every epilogue, so matmul_fusion() alone decides.
+CUDA_TEST(CudaMatmulPath, FusionSettingChoosesEpilogueOrOurKernels) { expect_epilogue_paths(Shape{9, 40, 32}); }
+
+// OC = 29: cuBLASLt has no GELU epilogue (our GELU kernel runs); the emulated library has.
+CUDA_TEST(CudaMatmulPath, GeluInputLeadingDimensionNotAMultipleOf8) { expect_epilogue_paths(Shape{13, 45, 29}); }
+
+// C = 0: never an epilogue, our kernels for whatever the fusion setting.
+CUDA_TEST(CudaMatmulPath, EmptyProductFallsBackToOurKernels) {
+    expect_epilogue_paths(Shape{7, 0, 29});
+    expect_epilogue_paths(Shape{7, 0, 32});
 }
 
 }  // namespace

@@ -25,12 +25,7 @@
 // chosen differently moves an entry by a whole term, coef k_J or dO_i / s, far above
 // 1e-5 of the largest entry, so the comparison checks the samples too; likewise one
 // walk start counted at another row moves a dV entry by a whole walk weight ||x||_1 / N.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/sampled_grad.cuh"
 
@@ -45,19 +40,21 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/sampled_grad.h"
 #include "kernels/cpu/topk_index.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
 using knngpt::GradSampleSource;
+using knngpt_test::attention_qkv;
+using knngpt_test::brute_topk;
 using knngpt_test::DeviceArray;
 using knngpt_test::max_rel_error;
 using knngpt_test::uniform;
+using Shape = knngpt_test::AttentionShape;
 using std::vector;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
-
-using Shape = knngpt_test::AttentionShape;
 
 // One backward problem: qkv uniform in [-2, 2] (rows far from uniform), dout, the exact
 // out of qkv, and a nonzero starting dqkv.
@@ -67,9 +64,8 @@ struct Problem {
 };
 
 Problem make_problem(const Shape& s, unsigned seed) {
-    Problem p{s, uniform(s.qkv_size(), seed), uniform(s.out_size(), seed + 1), vector<float>(s.out_size()),
+    Problem p{s, attention_qkv(s, seed), uniform(s.out_size(), seed + 1), vector<float>(s.out_size()),
               uniform(s.qkv_size(), seed + 2)};
-    for (float& v : p.qkv) v *= 2.0f;
     vector<float> lse((size_t)s.B * s.NH * s.T);
     knngpt::cpu::attention_forward(p.out.data(), lse.data(), p.qkv.data(), s.B, s.T, s.C, s.NH);
     return p;
@@ -124,8 +120,7 @@ void expect_same_lazy_gumbel_backward(const Shape& s, unsigned data_seed) {
     const uint32_t step = 4;
     const int layer = 1;
     for (int k : {1, 4, s.T + 2}) {
-        vector<int> topk((size_t)s.B * s.NH * s.T * k);
-        knngpt::cpu::causal_topk_brute(topk.data(), p.qkv.data(), s.B, s.T, s.C, s.NH, k);
+        const vector<int> topk = brute_topk(p.qkv, s, k);
         for (int samples : {1, 5, 37}) {
             const vector<float> expected =
                 cpu_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
@@ -154,8 +149,7 @@ void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
                 else if (d_o[2] == 0.0f) d_o[2] = 0.5f;
             }
     const int k = 4;
-    vector<int> topk((size_t)s.B * s.NH * s.T * k);
-    knngpt::cpu::causal_topk_brute(topk.data(), p.qkv.data(), s.B, s.T, s.C, s.NH, k);
+    const vector<int> topk = brute_topk(p.qkv, s, k);
     const uint64_t seeds[] = {3, 0x9E3779B97F4A7C15ull};
     for (GradSampleSource source : {GradSampleSource::ExactRow, GradSampleSource::LazyGumbel}) {
         const bool lazy = source == GradSampleSource::LazyGumbel;
@@ -176,17 +170,17 @@ void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
     }
 }
 
-TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
 
-TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
 
-TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
+CUDA_TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
 
-TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize32) { expect_same_lazy_gumbel_backward(Shape{1, 40, 64, 2}, 22); }
+CUDA_TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize32) { expect_same_lazy_gumbel_backward(Shape{1, 40, 64, 2}, 22); }
 
-TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize8) { expect_same_signed_start_backward(Shape{2, 23, 24, 3}, 13); }
+CUDA_TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize8) { expect_same_signed_start_backward(Shape{2, 23, 24, 3}, 13); }
 
-TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize32) { expect_same_signed_start_backward(Shape{1, 40, 64, 2}, 23); }
+CUDA_TEST(CudaSampledGrad, SignedStartDvMatchesCpuHeadSize32) { expect_same_signed_start_backward(Shape{1, 40, 64, 2}, 23); }
 
 // One thread per (q, k) pair: the shared score of kernels/common/attention_score.h on
 // the device, scaled and unscaled.
@@ -198,7 +192,7 @@ __global__ void attention_score_probe_kernel(float* scores, float* dots, const f
     dots[p] = knngpt::attention_dot(q + (size_t)p * HS, k + (size_t)p * HS, HS);
 }
 
-TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
+CUDA_TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
     const int n = 200;
     for (int HS : {8, 16, 24, 32, 64, 128}) {
         const vector<float> q = uniform((size_t)HS * n, 31, -2.0f, 2.0f);
@@ -221,7 +215,7 @@ TEST(CudaSampledGrad, ScoreMatchesCpuBitForBit) {
 }
 
 // The unsupported configurations stop with one line before touching any pointer.
-TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
+CUDA_TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
     static const int topk_stub = -1;  // never read: the checks exit first
     auto run = [](GradSampleSource source, bool signed_start_dv, int samples, const int* topk = nullptr,

@@ -54,10 +54,9 @@ std::string launch_error(Launch&& run) {
 
 constexpr int kReduceThreads = 256;
 
-// block_sums[b] = sum of in[b * 256 .. b * 256 + 255] (zero past n), by a
-// tree over a static shared array.
-__global__ void block_sum_static_shared(const float* in, float* block_sums, int n) {
-    __shared__ float partial[kReduceThreads];
+// The sum of the block's inputs in[blockIdx.x * blockDim.x + tid] (zero past
+// n), by a tree over partial (blockDim.x floats of shared memory), in partial[0].
+__device__ void block_tree_sum(float* partial, const float* in, int n) {
     const int tid = threadIdx.x, i = blockIdx.x * blockDim.x + threadIdx.x;
     partial[tid] = i < n ? in[i] : 0.0f;
     __syncthreads();
@@ -65,21 +64,22 @@ __global__ void block_sum_static_shared(const float* in, float* block_sums, int 
         if (tid < stride) partial[tid] += partial[tid + stride];
         __syncthreads();
     }
-    if (tid == 0) block_sums[blockIdx.x] = partial[0];
+}
+
+// block_sums[b] = sum of in[b * 256 .. b * 256 + 255] (zero past n), by a
+// tree over a static shared array.
+__global__ void block_sum_static_shared(const float* in, float* block_sums, int n) {
+    __shared__ float partial[kReduceThreads];
+    block_tree_sum(partial, in, n);
+    if (threadIdx.x == 0) block_sums[blockIdx.x] = partial[0];
 }
 
 // *total += the sum of in[0 .. n), each block reducing blockDim.x inputs in
 // dynamic shared memory (blockDim.x floats) and adding its sum atomically.
 __global__ void sum_dynamic_shared(const float* in, float* total, int n) {
     KNNGPT_DYNAMIC_SHARED(float, partial);
-    const int tid = threadIdx.x, i = blockIdx.x * blockDim.x + threadIdx.x;
-    partial[tid] = i < n ? in[i] : 0.0f;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-        if (tid < stride) partial[tid] += partial[tid + stride];
-        __syncthreads();
-    }
-    if (tid == 0) atomicAdd(total, partial[0]);
+    block_tree_sum(partial, in, n);
+    if (threadIdx.x == 0) atomicAdd(total, partial[0]);
 }
 
 TEST(EmuSharedMemory, StaticSharedTreeReductionMatchesCpuSums) {

@@ -173,7 +173,7 @@ struct ForwardProblem {
     std::vector<int> topk;
     ForwardProblem() {
         qkv = random_qkv(B, T, C, 2.0f, 7);
-        topk = naive_causal_topk(qkv.data(), B, T, C, NH, k);
+        topk = naive_causal_topk(qkv, {B, T, C, NH}, k);
         exact_out.assign((size_t)B * T * C, 0.0f);
         lse.assign((size_t)B * NH * T, 0.0f);
         attention_forward(exact_out.data(), lse.data(), qkv.data(), B, T, C, NH);
@@ -210,7 +210,7 @@ TEST(LazyGumbel, SamplesMatchExactSoftmaxByChiSquareOnCausalRows) {
         const std::vector<float> qkv = random_qkv(1, T, C, scale, 11);
         for (int k : {4, 8}) {
             if (k == 8 && scale != 1.0f) continue;
-            const std::vector<int> topk = naive_causal_topk(qkv.data(), 1, T, C, NH, k);
+            const std::vector<int> topk = naive_causal_topk(qkv, {1, T, C, NH}, k);
             for (int i : {2, 13, 40, 63}) {
                 char what[64];
                 std::snprintf(what, sizeof what, "score scale %g", scale);
@@ -225,7 +225,7 @@ TEST(LazyGumbel, SamplesMatchExactSoftmaxByChiSquareOnCausalRows) {
 TEST(LazyGumbel, RowsWithAtMostKKeysArePlainGumbelMaxWithoutExceeders) {
     const int T = 16, C = 8, NH = 1, k = 8;
     const std::vector<float> qkv = random_qkv(1, T, C, 4.0f, 12);
-    const std::vector<int> topk = naive_causal_topk(qkv.data(), 1, T, C, NH, k);
+    const std::vector<int> topk = naive_causal_topk(qkv, {1, T, C, NH}, k);
     for (int i = 0; i < k; i++) {
         RowDraws d;
         expect_row_exact(qkv.data(), topk.data(), T, C, NH, k, i, i == k - 1 ? 100000 : 2000, 77, -1, "n_i <= k", &d);
@@ -241,7 +241,7 @@ TEST(LazyGumbel, MeanExceederCountIsAtMostTailOverK) {
     for (float scale : {0.1f, 1.0f}) {
         const std::vector<float> qkv = random_qkv(1, T, C, scale, 13);
         for (int k : {2, 4, 8}) {
-            const std::vector<int> topk = naive_causal_topk(qkv.data(), 1, T, C, NH, k);
+            const std::vector<int> topk = naive_causal_topk(qkv, {1, T, C, NH}, k);
             const int i = T - 1;
             const RowDraws d = draw_row(qkv.data(), topk.data(), T, C, NH, k, 0, 0, i, 20000, 5, -1);
             const double bound = (double)d.tail / k;
@@ -258,7 +258,7 @@ TEST(LazyGumbel, TinyExceederCapFallsBackAndStaysExact) {
     const int T = 64, C = 8, NH = 1, k = 4, i = 63;
     for (float scale : {0.1f, 2.0f}) {
         const std::vector<float> qkv = random_qkv(1, T, C, scale, 14);
-        const std::vector<int> topk = naive_causal_topk(qkv.data(), 1, T, C, NH, k);
+        const std::vector<int> topk = naive_causal_topk(qkv, {1, T, C, NH}, k);
         for (int cap : {0, 1}) {
             const long long n = 100000;
             RowDraws d;

@@ -18,19 +18,16 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kmv_attention.h"
 #include "kernels/cpu/sparse_attention.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
 using namespace knngpt::cpu;
 using knngpt_test::max_rel_error;
+using Shape = knngpt_test::AttentionShape;
 
 namespace {
 
-// Shapes of one test problem and the views of one (b, h).
-struct Shape {
-    int B, T, C, NH;
-    int HS() const { return C / NH; }
-};
-
+// The views of one (b, h) of a problem.
 struct HeadView {
     const float *q, *k, *v;
     int stride, HS;
@@ -122,6 +119,11 @@ struct HeadKernel {
         }
     }
     double score(const HeadView& hv, int i, int j) const { return dot(hv.q_row(i), hv.k_row(j), hv.HS) / sqrt_d; }
+    double max_score(const HeadView& hv, int i) const {  // M_i = max_{j <= i} s_ij
+        double m = -1e300;
+        for (int j = 0; j <= i; j++) m = std::max(m, score(hv, i, j));
+        return m;
+    }
     double log_kernel(const HeadView& hv, int i, int j) const {
         return score(hv, i, j) - (query_norm2[i] + prefix_radius2[i]) / (2.0 * sqrt_d);
     }
@@ -425,8 +427,7 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
         const HeadView hv = head_view(qkv, s, 0, h);
         const HeadKernel kern(hv, s.T);
         for (int i = max_keys; i < s.T; i++) {
-            double shift = -1e300;
-            for (int j = 0; j <= i; j++) shift = std::max(shift, kern.score(hv, i, j));
+            const double shift = kern.max_score(hv, i);
             double* want = truth.data() + ((size_t)h * rows + (i - max_keys)) * values;
             for (int j = 0; j <= i; j++) {
                 const double e = std::exp(kern.score(hv, i, j) - shift);
@@ -444,8 +445,7 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
             const HeadView hv = head_view(qkv, s, 0, h);
             const HeadKernel kern(hv, s.T);
             for (int i = max_keys; i < s.T; i++) {
-                double shift = -1e300;
-                for (int j = 0; j <= i; j++) shift = std::max(shift, kern.score(hv, i, j));
+                const double shift = kern.max_score(hv, i);
                 const int* idx = l.idx_row(s, 0, h, i);
                 const float* logw = l.logw_row(s, 0, h, i);
                 at_budget += idx[max_keys - p.light_samples - 1] >= 0 && logw[max_keys - p.light_samples - 1] == 0.0f;

@@ -63,7 +63,7 @@ struct GradProblem {
         attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
         exact_dqkv.assign(qkv.size(), 0.0f);
         attention_backward(exact_dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
-        topk = naive_causal_topk(qkv.data(), B, T, C, NH, k);
+        topk = naive_causal_topk(qkv, {B, T, C, NH}, k);
     }
     size_t size() const { return qkv.size(); }
     std::vector<float> run(const Config& cfg, int samples, uint64_t seed, GumbelStats* stats = nullptr) const {

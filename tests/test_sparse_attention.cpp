@@ -31,10 +31,14 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/tail_sampling.h"
+#include "tests/attention_test_util.h"
 #include "tests/test_util.h"
 
 using knngpt_test::finite_difference_gradient;
 using knngpt_test::max_rel_error;
+using knngpt_test::to_double;
+using knngpt_test::uniform;
+using Shape = knngpt_test::AttentionShape;
 using std::vector;
 namespace cpu = knngpt::cpu;
 
@@ -45,30 +49,6 @@ constexpr double kForwardTol = 1e-5;
 constexpr double kBackwardTol = 1e-4;
 constexpr double kZBound = 5.0;  // standard errors allowed between a sample mean and the truth
 
-struct Shape {
-    int B, T, C, NH;
-    int HS() const { return C / NH; }
-    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
-    size_t out_size() const { return (size_t)B * T * C; }
-    size_t rows() const { return (size_t)B * NH * T; }
-    // element c of part (0 = q, 1 = k, 2 = v) of head h at position t of batch b in (B, T, 3C)
-    size_t qkv_at(int b, int t, int part, int h, int c) const {
-        return ((size_t)b * T + t) * 3 * C + (size_t)part * C + (size_t)h * HS() + c;
-    }
-    size_t out_at(int b, int t, int h, int c) const { return ((size_t)b * T + t) * C + (size_t)h * HS() + c; }
-    size_t row_at(int b, int h, int i) const { return ((size_t)b * NH + h) * T + i; }
-};
-
-vector<float> random_floats(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<float> dist(lo, hi);
-    vector<float> x(n);
-    for (auto& v : x) v = dist(gen);
-    return x;
-}
-
-vector<double> to_double(const vector<float>& x) { return vector<double>(x.begin(), x.end()); }
-
 // s_ij = tau q_i . k_j in double
 template <class F>
 double score(const vector<F>& qkv, const Shape& s, int b, int h, int i, int j) {
@@ -77,26 +57,12 @@ double score(const vector<F>& qkv, const Shape& s, int b, int h, int i, int j) {
     return dot / std::sqrt((double)s.HS());
 }
 
-// Naive causal top-k: every score of the row, full sort (larger score first,
-// ties to the smaller index), the first min(k, i+1) keys in slots [0, k) in
-// ascending key order; every other slot of the K-slot list is -1.
+// Naive causal top-k on the double scores above (reference_topk: larger score
+// first, ties to the smaller index; the first min(k, i+1) keys in slots [0, k)
+// in ascending key order; every other slot of the K-slot list is -1).
 template <class F>
 vector<int> naive_causal_topk(const vector<F>& qkv, const Shape& s, int k, int K) {
-    vector<int> idx(s.rows() * K, -1);
-    vector<std::pair<double, int>> ranked;
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++)
-            for (int i = 0; i < s.T; i++) {
-                ranked.clear();
-                for (int j = 0; j <= i; j++) ranked.push_back({-score(qkv, s, b, h, i, j), j});
-                std::sort(ranked.begin(), ranked.end());
-                const int n = std::min(k, i + 1);
-                vector<int> chosen;
-                for (int r = 0; r < n; r++) chosen.push_back(ranked[r].second);
-                std::sort(chosen.begin(), chosen.end());
-                std::copy(chosen.begin(), chosen.end(), idx.begin() + s.row_at(b, h, i) * K);
-            }
-    return idx;
+    return knngpt_test::reference_topk(s, k, K, [&](int b, int h, int i, int j) { return score(qkv, s, b, h, i, j); });
 }
 
 // Smallest gap between the k-th and (k+1)-th largest score over all rows with n_i > k.
@@ -176,7 +142,7 @@ double max_value_norm(const vector<double>& qkv, const Shape& s, int b, int h, i
 // list softmax with the lists and log-weights fixed.
 void expect_list_backward_matches_finite_differences(const vector<float>& qkv, const Shape& s, const vector<int>& idx,
                                                      const vector<float>* logw, int K, unsigned seed) {
-    const auto w = random_floats(s.out_size(), seed);
+    const auto w = uniform(s.out_size(), seed);
     vector<float> out(s.out_size()), lse(s.rows()), dqkv(s.qkv_size(), 0.0f);
     const float* logw_ptr = logw ? logw->data() : nullptr;
     cpu::sparse_attention_forward(out.data(), lse.data(), qkv.data(), idx.data(), logw_ptr, s.B, s.T, s.C, s.NH, K);
@@ -229,8 +195,8 @@ TEST(SparseAttention, ListsHoldingEveryKeyGiveExactAttentionForwardAndBackward) 
     // k >= T: every row lists all of 0..i (then -1 padding); T = 70 spans two exact-kernel query blocks.
     const Shape s{2, 70, 64, 2};
     const int K = s.T + 3;
-    const auto qkv = random_floats(s.qkv_size(), 1, -2.0f, 2.0f);
-    const auto dout = random_floats(s.out_size(), 2);
+    const auto qkv = uniform(s.qkv_size(), 1, -2.0f, 2.0f);
+    const auto dout = uniform(s.out_size(), 2);
     const auto idx = naive_causal_topk(qkv, s, K, K);
 
     vector<float> out(s.out_size()), lse(s.rows()), out_exact(s.out_size()), lse_exact(s.rows());
@@ -240,7 +206,7 @@ TEST(SparseAttention, ListsHoldingEveryKeyGiveExactAttentionForwardAndBackward) 
     EXPECT_LT(max_rel_error(lse.data(), lse_exact.data(), lse.size()), kExactTol);
 
     // backward accumulates into the same starting gradient
-    auto dqkv = random_floats(s.qkv_size(), 3);
+    auto dqkv = uniform(s.qkv_size(), 3);
     auto dqkv_exact = dqkv;
     cpu::sparse_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), idx.data(), nullptr,
                                    s.B, s.T, s.C, s.NH, K);
@@ -260,7 +226,7 @@ TEST(SparseAttention, ListsHoldingEveryKeyGiveExactAttentionForwardAndBackward) 
 TEST(SparseAttention, ForwardMatchesListSoftmaxWithLogWeightsRepeatsAndEmptySlots) {
     const Shape s{2, 30, 48, 2};  // HS = 24: one 16-channel block and a remainder
     const int K = 9;
-    const auto qkv = random_floats(s.qkv_size(), 4, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 4, -2.0f, 2.0f);
     std::mt19937 gen(5);
     vector<int> idx(s.rows() * K, -1);
     for (size_t row = 0; row < s.rows(); row++) {
@@ -268,7 +234,7 @@ TEST(SparseAttention, ForwardMatchesListSoftmaxWithLogWeightsRepeatsAndEmptySlot
         const int valid = 1 + (int)(gen() % K);  // at least one key, then -1
         for (int t = 0; t < valid; t++) idx[row * K + t] = (int)(gen() % (i + 1));
     }
-    const auto logw = random_floats(idx.size(), 6, -2.0f, 2.0f);
+    const auto logw = uniform(idx.size(), 6, -2.0f, 2.0f);
     vector<float> out(s.out_size()), lse(s.rows());
     cpu::sparse_attention_forward(out.data(), lse.data(), qkv.data(), idx.data(), logw.data(), s.B, s.T, s.C, s.NH, K);
     const auto reference = ref_list_attention(to_double(qkv), s, idx, &logw, K);
@@ -279,7 +245,7 @@ TEST(SparseAttention, ForwardMatchesListSoftmaxWithLogWeightsRepeatsAndEmptySlot
 TEST(SparseAttention, BackwardMatchesFiniteDifferencesWithLogWeightsRepeatedKeysAndEmptyLists) {
     const Shape s{1, 10, 16, 2};
     const int K = 6;
-    const auto qkv = random_floats(s.qkv_size(), 7, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 7, -2.0f, 2.0f);
     std::mt19937 gen(8);
     vector<int> idx(s.rows() * K, -1);
     int repeats = 0;
@@ -293,15 +259,15 @@ TEST(SparseAttention, BackwardMatchesFiniteDifferencesWithLogWeightsRepeatedKeys
         }
     }
     ASSERT_GT(repeats, 0);
-    const auto logw = random_floats(idx.size(), 9, -2.0f, 2.0f);
+    const auto logw = uniform(idx.size(), 9, -2.0f, 2.0f);
     expect_list_backward_matches_finite_differences(qkv, s, idx, &logw, K, 10);
 }
 
 TEST(SparseAttention, BackwardIsIdenticalForAnyThreadCount) {
     const Shape s{2, 64, 64, 4};
     const int k = 6, m = 10;
-    const auto qkv = random_floats(s.qkv_size(), 11, -2.0f, 2.0f);
-    const auto dout = random_floats(s.out_size(), 12);
+    const auto qkv = uniform(s.qkv_size(), 11, -2.0f, 2.0f);
+    const auto dout = uniform(s.out_size(), 12);
     const auto lists = sample_tail_lists(naive_causal_topk(qkv, s, k, k + m), s, k, m, true, 13);
     auto run = [&](int threads) {
         const int saved = omp_get_max_threads();
@@ -333,12 +299,12 @@ TEST(KnnAttention, BackwardMatchesFiniteDifferencesOfTheTopKFunctionAwayFromTies
     vector<float> qkv;
     unsigned seed = 20;
     for (;; seed++) {
-        qkv = random_floats(s.qkv_size(), seed, -2.0f, 2.0f);
+        qkv = uniform(s.qkv_size(), seed, -2.0f, 2.0f);
         if (topk_margin(qkv, s, k) > 1e-3) break;
         ASSERT_LT(seed, 200u) << "no input with a top-k margin found";
     }
     const auto idx = naive_causal_topk(qkv, s, k, k);
-    const auto w = random_floats(s.out_size(), seed + 1000);
+    const auto w = uniform(s.out_size(), seed + 1000);
     vector<float> out(s.out_size()), lse(s.rows()), dqkv(s.qkv_size(), 0.0f);
     cpu::sparse_attention_forward(out.data(), lse.data(), qkv.data(), idx.data(), nullptr, s.B, s.T, s.C, s.NH, k);
     cpu::sparse_attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), idx.data(), nullptr,
@@ -355,7 +321,7 @@ TEST(KnnAttention, ErrorIsTheTailTermAndAtMostTwiceTailMassTimesLargestValue) {
     // rho_i <= (n_i - k) / n_i, with the exact P in double and Ô from the kernel.
     const Shape s{2, 64, 64, 2};
     const int k = 8;
-    const auto qkv = random_floats(s.qkv_size(), 30, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 30, -2.0f, 2.0f);
     const auto qkv_d = to_double(qkv);
     const auto idx = naive_causal_topk(qkv, s, k, k);
     vector<float> out(s.out_size()), lse(s.rows());
@@ -397,7 +363,7 @@ TEST(KnnAttention, ErrorIsTheTailTermAndAtMostTwiceTailMassTimesLargestValue) {
 TEST(KnnAttention, MeanTailMassDoesNotIncreaseWithK) {
     // rho_i = 1 - Z_S / Z_i = 1 - exp(lse_knn_i - lse_exact_i), from the two kernels.
     const Shape s{2, 64, 64, 4};
-    const auto qkv = random_floats(s.qkv_size(), 31, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 31, -2.0f, 2.0f);
     vector<float> out(s.out_size()), lse_exact(s.rows()), lse(s.rows());
     cpu::attention_forward(out.data(), lse_exact.data(), qkv.data(), s.B, s.T, s.C, s.NH);
     double previous = INFINITY;
@@ -419,9 +385,9 @@ TEST(KnnAttention, IsCausalWithAndWithoutTail) {
     // knn and for knn-tail under the same seed.
     const Shape s{2, 50, 32, 2};
     const int k = 4, m = 5, cut = 20;
-    const auto qkv = random_floats(s.qkv_size(), 32, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 32, -2.0f, 2.0f);
     auto changed = qkv;
-    const auto noise = random_floats(s.qkv_size(), 33, -3.0f, 3.0f);
+    const auto noise = uniform(s.qkv_size(), 33, -3.0f, 3.0f);
     for (int b = 0; b < s.B; b++)
         for (int t = cut + 1; t < s.T; t++)
             for (int c = 0; c < 3 * s.C; c++) changed[s.qkv_at(b, t, 0, 0, c)] = noise[s.qkv_at(b, t, 0, 0, c)];
@@ -454,7 +420,7 @@ TEST(KnnAttention, IsCausalWithAndWithoutTail) {
 TEST(KnnTail, NoTailSamplesEqualsKnn) {
     const Shape s{2, 40, 32, 2};
     const int k = 5;
-    const auto qkv = random_floats(s.qkv_size(), 40, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 40, -2.0f, 2.0f);
     const auto head_lists = naive_causal_topk(qkv, s, k, k);
     for (bool with_replacement : {false, true}) {
         const auto lists = sample_tail_lists(head_lists, s, k, 0, with_replacement, 41);
@@ -472,7 +438,7 @@ TEST(KnnTail, NoTailSamplesEqualsKnn) {
 
 TEST(KnnTail, RowsWithKPlusMAtLeastNAreExact) {
     const Shape s{2, 40, 64, 2};
-    const auto qkv = random_floats(s.qkv_size(), 42, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 42, -2.0f, 2.0f);
     vector<float> out_exact(s.out_size()), lse_exact(s.rows());
     cpu::attention_forward(out_exact.data(), lse_exact.data(), qkv.data(), s.B, s.T, s.C, s.NH);
     // (k, m) = (4, 6): rows i < 10 exact; (4, 40): k + m >= T, every row exact
@@ -507,7 +473,7 @@ TEST(KnnTail, SamplesAreCausalTailKeysOutsideTheHeadWithWeightTailSizeOverM) {
     // Without replacement: m distinct keys; with replacement: m keys, repeats allowed (and seen).
     const Shape s{2, 100, 32, 2};
     const int k = 5, m = 7, K = k + m;
-    const auto qkv = random_floats(s.qkv_size(), 44, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 44, -2.0f, 2.0f);
     const auto head_lists = naive_causal_topk(qkv, s, k, K);
     int repeats = 0;
     for (bool with_replacement : {false, true}) {
@@ -582,7 +548,7 @@ TEST(KnnTail, DrawsAreUniformOverTailSubsetsAndTailKeys) {
 TEST(KnnTail, ListsAreAPureFunctionOfSeedStepAndLayer) {
     const Shape s{2, 64, 32, 2};
     const int k = 4, m = 8;
-    const auto head_lists = naive_causal_topk(random_floats(s.qkv_size(), 45, -2.0f, 2.0f), s, k, k + m);
+    const auto head_lists = naive_causal_topk(uniform(s.qkv_size(), 45, -2.0f, 2.0f), s, k, k + m);
     for (bool with_replacement : {false, true}) {
         const auto lists = sample_tail_lists(head_lists, s, k, m, with_replacement, 7, 3, 1);
         EXPECT_EQ(sample_tail_lists(head_lists, s, k, m, with_replacement, 7, 3, 1).idx, lists.idx);
@@ -597,7 +563,7 @@ TEST(KnnTail, NormaliserAndNumeratorAreUnbiased) {
     // from the kernel, over 1000 seeds, every row with a sampled tail, every channel.
     const Shape s{1, 48, 64, 2};
     const int k = 4, m = 6, K = k + m, seeds = 1000;
-    const auto qkv = random_floats(s.qkv_size(), 46, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 46, -2.0f, 2.0f);
     const auto qkv_d = to_double(qkv);
     const auto head_lists = naive_causal_topk(qkv, s, k, K);
     for (bool with_replacement : {false, true}) {
@@ -641,7 +607,7 @@ TEST(KnnTail, BackwardMatchesFiniteDifferencesWithSamplesFixed) {
     // T = 12, k = 3, m = 4: rows i >= 7 sample (with replacement, repeats occur), rows below are exact.
     const Shape s{1, 12, 16, 2};
     const int k = 3, m = 4, K = k + m;
-    const auto qkv = random_floats(s.qkv_size(), 47, -2.0f, 2.0f);
+    const auto qkv = uniform(s.qkv_size(), 47, -2.0f, 2.0f);
     const auto head_lists = naive_causal_topk(qkv, s, k, K);
     for (bool with_replacement : {false, true}) {
         const auto lists = sample_tail_lists(head_lists, s, k, m, with_replacement, 48);
@@ -670,7 +636,7 @@ constexpr int kTailFirstRow = 96, kTailSeeds = 1000;
 
 const vector<float>& tail_problem_qkv() {
     static const vector<float> qkv = [] {
-        auto x = random_floats(kTailShape.qkv_size(), 50, -2.0f, 2.0f);
+        auto x = uniform(kTailShape.qkv_size(), 50, -2.0f, 2.0f);
         for (int t = 0; t < kTailShape.T; t++)
             for (int c = 0; c < kTailShape.C; c++) x[kTailShape.qkv_at(0, t, 2, 0, c)] *= 0.5f;
         return x;

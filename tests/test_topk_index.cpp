@@ -25,18 +25,17 @@
 #include <vector>
 
 #include "kernels/cpu/topk_index.h"
+#include "tests/attention_test_util.h"
+#include "tests/test_util.h"
 
+using knngpt_test::naive_causal_topk;
+using knngpt_test::reference_topk;
+using knngpt_test::uniform;
+using Shape = knngpt_test::AttentionShape;
 using std::vector;
 namespace cpu = knngpt::cpu;
 
 namespace {
-
-struct Shape {
-    int B, T, C, NH;
-    int HS() const { return C / NH; }
-    size_t qkv_size() const { return (size_t)B * T * 3 * C; }
-    size_t idx_size(int k) const { return (size_t)B * NH * T * k; }
-};
 
 const float* query_of(const vector<float>& qkv, const Shape& s, int b, int h, int i) {
     return qkv.data() + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.HS();
@@ -48,13 +47,7 @@ float* query_of(vector<float>& qkv, const Shape& s, int b, int h, int i) {
     return qkv.data() + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.HS();
 }
 
-vector<float> uniform_qkv(const Shape& s, unsigned seed) {
-    std::mt19937 gen(seed);
-    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    vector<float> qkv(s.qkv_size());
-    for (auto& x : qkv) x = dist(gen);
-    return qkv;
-}
+vector<float> uniform_qkv(const Shape& s, unsigned seed) { return uniform(s.qkv_size(), seed); }
 
 // entries in {-range..range}: every fp32 score is an exact integer, with many ties
 vector<float> integer_qkv(const Shape& s, unsigned seed, int range) {
@@ -140,38 +133,8 @@ vector<float> sphere_mixture_qkv(const Shape& s, unsigned seed, int components, 
     return qkv;
 }
 
-// The definition: per row, all causal keys sorted by (score desc, index asc), the
-// first min(k, i+1) taken, written in ascending order, then -1.
-template <class ScoreFn>
-vector<int> reference_topk(const Shape& s, int k, ScoreFn score) {
-    vector<int> idx(s.idx_size(k), -1);
-    for (int b = 0; b < s.B; b++) {
-        for (int h = 0; h < s.NH; h++) {
-            for (int i = 0; i < s.T; i++) {
-                vector<std::pair<double, int>> row;
-                for (int j = 0; j <= i; j++) row.push_back({score(b, h, i, j), j});
-                std::sort(row.begin(), row.end(), [](const auto& x, const auto& y) {
-                    return x.first > y.first || (x.first == y.first && x.second < y.second);
-                });
-                const int n = std::min(k, i + 1);
-                vector<int> chosen;
-                for (int s2 = 0; s2 < n; s2++) chosen.push_back(row[s2].second);
-                std::sort(chosen.begin(), chosen.end());
-                std::copy(chosen.begin(), chosen.end(), idx.begin() + cpu::topk_idx_row(b, h, i, s.T, s.NH, k));
-            }
-        }
-    }
-    return idx;
-}
-
-vector<int> reference_topk_fp32(const vector<float>& qkv, const Shape& s, int k) {
-    return reference_topk(s, k, [&](int b, int h, int i, int j) {
-        return (double)knngpt::attention_dot(query_of(qkv, s, b, h, i), key_of(qkv, s, b, h, j), s.HS());
-    });
-}
-
 vector<int> reference_topk_exact(const vector<float>& qkv, const Shape& s, int k) {
-    return reference_topk(s, k, [&](int b, int h, int i, int j) {
+    return reference_topk(s, k, k, [&](int b, int h, int i, int j) {
         const float* q = query_of(qkv, s, b, h, i);
         const float* key = key_of(qkv, s, b, h, j);
         double dot = 0.0;
@@ -393,7 +356,7 @@ TEST(TopkBrute, MatchesAFullSortPerRowOnRandomInputs) {
         const vector<float> qkv = uniform_qkv(s, 11 + s.T);
         for (int k : {1, 3, 8, s.T - 1, s.T, s.T + 5}) {
             if (k < 1) continue;
-            EXPECT_EQ(run_brute(qkv, s, k), reference_topk_fp32(qkv, s, k))
+            EXPECT_EQ(run_brute(qkv, s, k), naive_causal_topk(qkv, s, k))
                 << "B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH << " k=" << k;
         }
     }

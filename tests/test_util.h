@@ -1,16 +1,40 @@
-// tests/test_util.h — small helpers shared by the GoogleTest suites.
+// tests/test_util.h — generic helpers shared by the GoogleTest suites:
+// random inputs, error measures and comparisons, finite differences,
+// temporary directories and the test data and build paths.
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <random>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 namespace knngpt_test {
+
+// n floats uniform in [lo, hi) from std::mt19937(seed).
+inline std::vector<float> uniform(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> value(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = value(rng);
+    return v;
+}
+
+// n ints uniform in [0, upper) from std::mt19937(seed).
+inline std::vector<int> random_ints(size_t n, unsigned seed, int upper) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> value(0, upper - 1);
+    std::vector<int> v(n);
+    for (int& x : v) x = value(rng);
+    return v;
+}
+
+inline std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
 
 // Largest |a - b| over the largest |b|: a norm-wise relative error that does
 // not blow up on entries that happen to be near zero.
@@ -22,6 +46,21 @@ double max_rel_error(const TA* a, const TB* b, size_t n) {
         max_ref = std::fmax(max_ref, std::fabs((double)b[i]));
     }
     return max_ref > 0.0 ? max_diff / max_ref : max_diff;
+}
+
+// Largest |a[i] - b[i]|.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double d = 0.0;
+    for (size_t i = 0; i < a.size(); i++) d = std::max(d, std::fabs((double)a[i] - (double)b[i]));
+    return d;
+}
+
+// got has want's size and max_rel_error(got, want) <= tolerance; `what` names
+// the array in the failure message.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tolerance,
+                         const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), tolerance) << what;
 }
 
 // dL/dx by central differences in double, L = sum(forward() * w), where

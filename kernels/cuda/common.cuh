@@ -13,6 +13,7 @@
 //   attention_row(warp, T, NH)            the (b, h, t) of a warp that owns one row of (B, NH, T)
 //   DeviceScratch                         a grow-on-demand device buffer for kernels' scratch
 //   ceil_div(a, b)
+//   launch_observer()                     an optional function every launch(...) calls first (tests)
 // Kernels launch only through launch(...), never with a raw <<<>>>.
 #pragma once
 #if defined(KNNGPT_CUDA_EMU)
@@ -36,16 +37,27 @@ inline void check_cuda(cudaError_t status, const char* file, int line) {
     std::exit(1);
 }
 
+// The launch observer: when set, launch_kernel calls it before each launch
+// with the launch's text ("kernel<ARGS>, grid, block, ...", as written at the
+// call site) and the kernel's address (the instantiation launched). Unset (the
+// default) nothing is called. The tests of kernels/cuda set it to record which
+// kernels ran (tests/cuda_test_util.h); the trainer never does.
+using LaunchObserver = void (*)(const char* launch_text, const void* kernel);
+inline LaunchObserver& launch_observer() {
+    static LaunchObserver observer = nullptr;
+    return observer;
+}
+
 // launch(...) expands to this with the call site and the launch's text (whose
 // first item names the kernel in the emulator's deadlock reports).
 template <typename... Params, typename... Args>
 void launch_kernel(const char* file, int line, const char* launch_text, void (*kernel)(Params...), dim3 grid,
                    dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream, Args&&... args) {
+    if (const LaunchObserver observe = launch_observer()) observe(launch_text, reinterpret_cast<const void*>(kernel));
 #if defined(KNNGPT_CUDA_EMU)
     ::knngpt::emu::run_kernel(launch_text, kernel, grid, block, dynamic_smem_bytes, stream,
                               std::forward<Args>(args)...);
 #else
-    (void)launch_text;
     kernel<<<grid, block, dynamic_smem_bytes, stream>>>(std::forward<Args>(args)...);
 #endif
     check_cuda(cudaGetLastError(), file, line);

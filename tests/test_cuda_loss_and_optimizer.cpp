@@ -1,5 +1,5 @@
-// tests/test_cuda_kernels_2.cpp — the fp32 CUDA kernels of kernels/cuda for the
-// optimizer and the loss (adamw, global_norm, classifier and fused classifier)
+// tests/test_cuda_loss_and_optimizer.cpp — the fp32 CUDA kernels of the loss
+// and the optimizer step (classifier and fused classifier, global_norm, adamw)
 // run under the emulator against their CPU twins in kernels/cpu. Shapes are
 // deliberately not multiples of any block size (N = 300 elements, 13 rows,
 // V = 50 padded to Vp = 64), so every partial block, idle warp and tail guard
@@ -10,12 +10,7 @@
 // (warp butterflies, block trees against sequential loops) and in exp (expf
 // against exp_vectorizable, a few ulp apart); over at most 50 O(1) terms
 // per row that stays far under 1e-5.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/adamw.cuh"
 #include "kernels/cuda/classifier.cuh"
@@ -25,7 +20,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/adamw.h"
@@ -34,23 +28,19 @@
 #include "tests/test_util.h"
 
 using knngpt_test::DeviceArray;
-using knngpt_test::max_rel_error;
+using knngpt_test::expect_close;
+using knngpt_test::random_ints;
 using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
-}
-
 constexpr size_t kN = 300;
 
 // ---- adamw --------------------------------------------------------------------
 
-TEST(CudaAdamW, ThreeStepsMatchCpu) {
+CUDA_TEST(CudaAdamW, ThreeStepsMatchCpu) {
     std::vector<float> params = uniform(kN, 1), m(kN, 0.0f), v(kN, 0.0f);
     DeviceArray<float> d_params(params), d_m(m), d_v(v);
     const float lr = 1e-2f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, grad_scale = 0.5f;
@@ -62,14 +52,14 @@ TEST(CudaAdamW, ThreeStepsMatchCpu) {
         knngpt::cuda::adamw_update(d_params.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, kN, lr, beta1, beta2, eps,
                                    weight_decay, t, grad_scale);
     }
-    expect_close(d_params.to_host(), params, "params");
-    expect_close(d_m.to_host(), m, "m");
-    expect_close(d_v.to_host(), v, "v");
+    expect_close(d_params.to_host(), params, kTolerance, "params");
+    expect_close(d_m.to_host(), m, kTolerance, "m");
+    expect_close(d_v.to_host(), v, kTolerance, "v");
 }
 
 // ---- global_norm --------------------------------------------------------------
 
-TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
+CUDA_TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
     // 300 fits in two blocks; 300000 needs the grid-stride loop (over the block cap)
     for (size_t N : {kN, (size_t)300000}) {
         SCOPED_TRACE("N=" + std::to_string(N));
@@ -89,10 +79,7 @@ TEST(CudaGlobalNorm, MatchesCpuAndIsDeterministic) {
 constexpr int kRows = 13, kV = 50, kVp = 64;
 
 std::vector<int> targets(unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> id(0, kV - 1);
-    std::vector<int> v(kRows);
-    for (int& x : v) x = id(rng);
+    std::vector<int> v = random_ints(kRows, seed, kV);
     v[0] = kV - 1;  // the last real column
     return v;
 }
@@ -105,7 +92,7 @@ std::vector<float> padded_logits(unsigned seed) {
     return logits;
 }
 
-TEST(CudaClassifier, ForwardMatchesCpu) {
+CUDA_TEST(CudaClassifier, ForwardMatchesCpu) {
     const std::vector<float> logits = padded_logits(30);
     const std::vector<int> tgt = targets(31);
     std::vector<float> want(kRows);
@@ -114,10 +101,10 @@ TEST(CudaClassifier, ForwardMatchesCpu) {
     DeviceArray<float> d_logits(logits), d_losses(std::vector<float>(kRows, -7.0f));
     DeviceArray<int> d_tgt(tgt);
     knngpt::cuda::crossentropy_forward(d_losses.ptr, d_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
-    expect_close(d_losses.to_host(), want, "losses");
+    expect_close(d_losses.to_host(), want, kTolerance, "losses");
 }
 
-TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
+CUDA_TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     const std::vector<float> logits = padded_logits(32);
     const std::vector<int> tgt = targets(33);
     const float dloss = 1.0f / kRows;
@@ -128,7 +115,7 @@ TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     DeviceArray<float> d_logits(logits), d_dlogits(std::vector<float>(logits.size(), -7.0f));
     knngpt::cuda::crossentropy_softmax_backward(d_dlogits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
     const std::vector<float> out_of_place = d_dlogits.to_host();
-    expect_close(out_of_place, want, "dlogits");
+    expect_close(out_of_place, want, kTolerance, "dlogits");
     for (int n = 0; n < kRows; n++)
         for (int j = kV; j < kVp; j++) EXPECT_EQ(out_of_place[(size_t)n * kVp + j], 0.0f) << n << "," << j;
 
@@ -138,7 +125,7 @@ TEST(CudaClassifier, BackwardMatchesCpuInPlaceAndOut) {
     EXPECT_EQ(d_inplace.to_host(), out_of_place);
 }
 
-TEST(CudaClassifier, FusedMatchesCpuInPlace) {
+CUDA_TEST(CudaClassifier, FusedMatchesCpuInPlace) {
     // 13 rows: one full block of 8 and a partial one; V = 50 is not a multiple of 32, Vp = 64 pads it
     const std::vector<float> logits = padded_logits(34);
     const std::vector<int> tgt = targets(35);
@@ -150,9 +137,9 @@ TEST(CudaClassifier, FusedMatchesCpuInPlace) {
     DeviceArray<int> d_tgt(tgt);
     DeviceArray<float> d_inplace(logits), d_losses(std::vector<float>(kRows, -7.0f));
     knngpt::cuda::crossentropy_fused(d_losses.ptr, d_inplace.ptr, d_inplace.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
-    expect_close(d_losses.to_host(), want_losses, "losses");
+    expect_close(d_losses.to_host(), want_losses, kTolerance, "losses");
     const std::vector<float> dlogits = d_inplace.to_host();
-    expect_close(dlogits, want_dlogits, "dlogits");
+    expect_close(dlogits, want_dlogits, kTolerance, "dlogits");
     for (int n = 0; n < kRows; n++)
         for (int j = kV; j < kVp; j++) EXPECT_EQ(dlogits[(size_t)n * kVp + j], 0.0f) << n << "," << j;
 
@@ -161,8 +148,8 @@ TEST(CudaClassifier, FusedMatchesCpuInPlace) {
         d_sep_losses(std::vector<float>(kRows, -7.0f));
     knngpt::cuda::crossentropy_forward(d_sep_losses.ptr, d_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
     knngpt::cuda::crossentropy_softmax_backward(d_dlogits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
-    expect_close(d_losses.to_host(), d_sep_losses.to_host(), "losses vs forward kernel");
-    expect_close(dlogits, d_dlogits.to_host(), "dlogits vs backward kernel");
+    expect_close(d_losses.to_host(), d_sep_losses.to_host(), kTolerance, "losses vs forward kernel");
+    expect_close(dlogits, d_dlogits.to_host(), kTolerance, "dlogits vs backward kernel");
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
-// tests/test_cuda_kernels.cpp — the fp32 CUDA kernels of kernels/cuda (encoder,
-// residual, gelu, layernorm) run under the emulator against their CPU twins in
-// kernels/cpu. Shapes are deliberately not multiples of any block size (T = 7,
+// tests/test_cuda_layer_ops.cpp — the fp32 CUDA kernels of the model's layers
+// besides matmul and attention (encoder, residual, gelu, layernorm), run under
+// the emulator against their CPU twins in kernels/cpu. Shapes are deliberately not multiples of any block size (T = 7,
 // C = 40 / 20, N = 300), so every partial block and tail guard is exercised.
 // Backward ops are run twice onto nonzero gradients, which checks that they
 // accumulate (+=) like the twins.
@@ -10,12 +10,7 @@
 // atomics, striped partial sums against sequential loops) and in tanh (tanhf
 // against tanh_vectorizable, ~1e-7 apart), which for these O(1) values over at
 // most 40 terms stays within a few ulp, far under 1e-5.
-#ifndef KNNGPT_CUDA_NATIVE  // make test-native builds this file with nvcc for the GPU
-#define KNNGPT_CUDA_EMU
-#endif
-
-#include "kernels/cuda/common.cuh"
-#include "tests/cuda_test_util.h"
+#include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
@@ -25,7 +20,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include "kernels/cpu/encoder.h"
@@ -35,32 +29,25 @@
 #include "tests/test_util.h"
 
 using knngpt_test::DeviceArray;
-using knngpt_test::max_rel_error;
+using knngpt_test::expect_close;
+using knngpt_test::random_ints;
 using knngpt_test::uniform;
 
 namespace {
 
 constexpr double kTolerance = 1e-5;
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), kTolerance) << what;
-}
-
 // ---- encoder ------------------------------------------------------------------
 
 constexpr int kB = 2, kT = 7, kV = 11, kMaxT = 9;
 
 std::vector<int> token_ids(size_t n, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int> id(0, kV - 1);
-    std::vector<int> v(n);
-    for (int& x : v) x = id(rng);
+    std::vector<int> v = random_ints(n, seed, kV);
     v[1] = v[0];  // a repeated token: two (b, t) add into one dwte row
     return v;
 }
 
-TEST(CudaEncoder, ForwardMatchesCpu) {
+CUDA_TEST(CudaEncoder, ForwardMatchesCpu) {
     const int C = 40;
     const std::vector<int> inp = token_ids(kB * kT, 1);
     const std::vector<float> wte = uniform((size_t)kV * C, 2), wpe = uniform((size_t)kMaxT * C, 3);
@@ -70,10 +57,10 @@ TEST(CudaEncoder, ForwardMatchesCpu) {
     DeviceArray<int> d_inp(inp);
     DeviceArray<float> d_wte(wte), d_wpe(wpe), d_out(std::vector<float>(want.size(), -7.0f));
     knngpt::cuda::encoder_forward(d_out.ptr, d_inp.ptr, d_wte.ptr, d_wpe.ptr, kB, kT, C);
-    expect_close(d_out.to_host(), want, "out");
+    expect_close(d_out.to_host(), want, kTolerance, "out");
 }
 
-TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
     const int C = 40;
     const std::vector<int> inp = token_ids(kB * kT, 4);
     const std::vector<float> dout = uniform((size_t)kB * kT * C, 5);
@@ -85,25 +72,25 @@ TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
         knngpt::cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), kB, kT, C);
         knngpt::cuda::encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, d_inp.ptr, kB, kT, C);
     }
-    expect_close(d_dwte.to_host(), dwte, "dwte");
-    expect_close(d_dwpe.to_host(), dwpe, "dwpe");
+    expect_close(d_dwte.to_host(), dwte, kTolerance, "dwte");
+    expect_close(d_dwpe.to_host(), dwpe, kTolerance, "dwpe");
 }
 
 // ---- residual -----------------------------------------------------------------
 
 constexpr size_t kN = 300;
 
-TEST(CudaResidual, ForwardMatchesCpu) {
+CUDA_TEST(CudaResidual, ForwardMatchesCpu) {
     const std::vector<float> a = uniform(kN, 8), b = uniform(kN, 9);
     std::vector<float> want(kN);
     knngpt::cpu::residual_forward(want.data(), a.data(), b.data(), kN);
 
     DeviceArray<float> d_a(a), d_b(b), d_out(std::vector<float>(kN, -7.0f));
     knngpt::cuda::residual_forward(d_out.ptr, d_a.ptr, d_b.ptr, kN);
-    expect_close(d_out.to_host(), want, "out");
+    expect_close(d_out.to_host(), want, kTolerance, "out");
 }
 
-TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
     const std::vector<float> dout = uniform(kN, 10);
     std::vector<float> da = uniform(kN, 11), db = uniform(kN, 12);
 
@@ -112,23 +99,23 @@ TEST(CudaResidual, BackwardAccumulatesLikeCpu) {
         knngpt::cpu::residual_backward(da.data(), db.data(), dout.data(), kN);
         knngpt::cuda::residual_backward(d_da.ptr, d_db.ptr, d_dout.ptr, kN);
     }
-    expect_close(d_da.to_host(), da, "da");
-    expect_close(d_db.to_host(), db, "db");
+    expect_close(d_da.to_host(), da, kTolerance, "da");
+    expect_close(d_db.to_host(), db, kTolerance, "db");
 }
 
 // ---- gelu ---------------------------------------------------------------------
 
-TEST(CudaGelu, ForwardMatchesCpu) {
+CUDA_TEST(CudaGelu, ForwardMatchesCpu) {
     const std::vector<float> inp = uniform(kN, 13, -4.0f, 4.0f);
     std::vector<float> want(kN);
     knngpt::cpu::gelu_forward(want.data(), inp.data(), kN);
 
     DeviceArray<float> d_inp(inp), d_out(std::vector<float>(kN, -7.0f));
     knngpt::cuda::gelu_forward(d_out.ptr, d_inp.ptr, kN);
-    expect_close(d_out.to_host(), want, "out");
+    expect_close(d_out.to_host(), want, kTolerance, "out");
 }
 
-TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
     const std::vector<float> inp = uniform(kN, 14, -4.0f, 4.0f), dout = uniform(kN, 15);
     std::vector<float> dinp = uniform(kN, 16);
 
@@ -137,7 +124,7 @@ TEST(CudaGelu, BackwardAccumulatesLikeCpu) {
         knngpt::cpu::gelu_backward(dinp.data(), inp.data(), dout.data(), kN);
         knngpt::cuda::gelu_backward(d_dinp.ptr, d_inp.ptr, d_dout.ptr, kN);
     }
-    expect_close(d_dinp.to_host(), dinp, "dinp");
+    expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
 }
 
 // ---- layernorm ----------------------------------------------------------------
@@ -149,7 +136,7 @@ struct LayerNormShape {
 };
 const LayerNormShape kLayerNormShapes[] = {{kB * kT, 40}, {kB * kT, 20}, {300, 20}};
 
-TEST(CudaLayerNorm, ForwardMatchesCpu) {
+CUDA_TEST(CudaLayerNorm, ForwardMatchesCpu) {
     for (const LayerNormShape& shape : kLayerNormShapes) {
         SCOPED_TRACE("N=" + std::to_string(shape.N) + " C=" + std::to_string(shape.C));
         const int N = shape.N, C = shape.C;
@@ -163,13 +150,13 @@ TEST(CudaLayerNorm, ForwardMatchesCpu) {
         DeviceArray<float> d_out(std::vector<float>(out.size(), -7.0f)), d_mean(std::vector<float>(N, -7.0f)),
             d_rstd(std::vector<float>(N, -7.0f));
         knngpt::cuda::layernorm_forward(d_out.ptr, d_mean.ptr, d_rstd.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C);
-        expect_close(d_out.to_host(), out, "out");
-        expect_close(d_mean.to_host(), mean, "mean");
-        expect_close(d_rstd.to_host(), rstd, "rstd");
+        expect_close(d_out.to_host(), out, kTolerance, "out");
+        expect_close(d_mean.to_host(), mean, kTolerance, "mean");
+        expect_close(d_rstd.to_host(), rstd, kTolerance, "rstd");
     }
 }
 
-TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
+CUDA_TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
     for (const LayerNormShape& shape : kLayerNormShapes) {
         SCOPED_TRACE("N=" + std::to_string(shape.N) + " C=" + std::to_string(shape.C));
         const int N = shape.N, C = shape.C;
@@ -189,9 +176,9 @@ TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
             knngpt::cuda::layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_dout.ptr, d_inp.ptr,
                                              d_weight.ptr, d_mean.ptr, d_rstd.ptr, N, C);
         }
-        expect_close(d_dinp.to_host(), dinp, "dinp");
-        expect_close(d_dweight.to_host(), dweight, "dweight");
-        expect_close(d_dbias.to_host(), dbias, "dbias");
+        expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
+        expect_close(d_dweight.to_host(), dweight, kTolerance, "dweight");
+        expect_close(d_dbias.to_host(), dbias, kTolerance, "dbias");
     }
 }
 
