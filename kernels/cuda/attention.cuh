@@ -72,66 +72,11 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
-constexpr int kAttentionThreads = 256;      // 8 warps, 8 rows per block
-constexpr int kAttentionMaxHeadSize = 256;  // HS limit: 8 register slots per lane
-constexpr int kAttentionSlots = kAttentionMaxHeadSize / 32;
-
-// ---- one warp per row: the pieces such kernels share ---------------------------
-// (this file's reference kernels and sparse_attention.cuh). Lane `lane` holds
-// channels c = lane + 32 s, s < kAttentionSlots, of a row vector in registers;
-// slots with c >= HS hold 0.
-
-__device__ __forceinline__ void warp_row_load(float (&reg)[kAttentionSlots], const float* x, int HS, int lane) {
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane + 32 * s;
-        reg[s] = c < HS ? x[c] : 0.0f;
-    }
-}
-
-// sum_c reg_c y_c over the HS channels, every lane gets it.
-__device__ __forceinline__ float warp_row_dot(const float (&reg)[kAttentionSlots], const float* y, int HS, int lane) {
-    float dot = 0.0f;
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane + 32 * s;
-        if (c < HS) dot += reg[s] * y[c];
-    }
-    return warp_reduce_sum(dot);
-}
-
-// Online softmax of one row. After scores a_1..a_n with values v_1..v_n, with
-// m the running max, l the running sum and o the running (unnormalised) output:
-//   m' = max(m, a),  l' = l exp(m - m') + exp(a - m'),  o' = o exp(m - m') + exp(a - m') v
-// and at the end out = o / l, lse = m + log l. A row that saw no score (l = 0)
-// gives out = 0 and lse = -inf.
-struct WarpRowSoftmax {
-    float m = -INFINITY, l = 0.0f;
-    float o[kAttentionSlots] = {};
-
-    __device__ __forceinline__ void add(float score, const float* v, int HS, int lane) {
-        const float m_new = fmaxf(m, score);
-        const float rescale = m == -INFINITY ? 0.0f : expf(m - m_new);
-        const float p = expf(score - m_new);
-        l = l * rescale + p;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane + 32 * s;
-            if (c < HS) o[s] = o[s] * rescale + p * v[c];
-        }
-        m = m_new;
-    }
-
-    // out (HS channels) and, from lane 0, *lse
-    __device__ __forceinline__ void write(float* out, float* lse, int HS, int lane) const {
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane + 32 * s;
-            if (c < HS) out[c] = o[s] * inv_l;
-        }
-        if (lane == 0) *lse = l > 0.0f ? m + logf(l) : -INFINITY;
-    }
-};
+constexpr int kAttentionThreads = 256;  // reference kernels: 8 warps, 8 rows per block
 
 // The backward's Delta (B, NH, T), in a scratch kept across calls.
 inline float* attention_delta_scratch(size_t count) {
@@ -140,7 +85,6 @@ inline float* attention_delta_scratch(size_t count) {
 }
 
 // ---- reference kernels: one warp per row ---------------------------------------
-
 
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     const int lane_id = threadIdx.x % 32;
@@ -153,7 +97,7 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
     const float* base = qkv + (size_t)r.b * T * C3 + (size_t)r.h * HS;
     const float* q = base + (size_t)r.t * C3;
 
-    float q_reg[kAttentionSlots];
+    float q_reg[kWarpRowSlots];
     warp_row_load(q_reg, q, HS, lane_id);
     WarpRowSoftmax softmax;  // over keys j <= i
     for (int j = 0; j <= r.t; j++) {
@@ -196,7 +140,7 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
     const size_t stat = ((size_t)r.b * NH + r.h) * T + r.t;
     const float lse_i = lse[stat], delta_i = delta[stat];
 
-    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dq[kAttentionSlots] = {};
+    float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dq[kWarpRowSlots] = {};
     warp_row_load(q_reg, q, HS, lane_id);
     warp_row_load(dy_reg, dy, HS, lane_id);
     for (int j = 0; j <= r.t; j++) {
@@ -206,13 +150,13 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
         const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
         const float p = expf(tau * qk - lse_i);  // P_ij
         const float ds = p * (dp - delta_i);     // dS_ij
-        for (int s = 0; s < kAttentionSlots; s++) {
+        for (int s = 0; s < kWarpRowSlots; s++) {
             const int c = lane_id + 32 * s;
             if (c < HS) dq[s] += ds * k[c];
         }
     }
     float* dq_out = dqkv + head + (size_t)r.t * C3;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += tau * dq[s];
     }
@@ -233,7 +177,7 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
     const float* v = qkv + head + (size_t)r.t * C3 + 2 * C;
     const size_t stats = ((size_t)r.b * NH + r.h) * T;
 
-    float k_reg[kAttentionSlots], v_reg[kAttentionSlots], dk[kAttentionSlots] = {}, dv[kAttentionSlots] = {};
+    float k_reg[kWarpRowSlots], v_reg[kWarpRowSlots], dk[kWarpRowSlots] = {}, dv[kWarpRowSlots] = {};
     warp_row_load(k_reg, k, HS, lane_id);
     warp_row_load(v_reg, v, HS, lane_id);
     for (int i = r.t; i < T; i++) {
@@ -243,7 +187,7 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
         const float dp = warp_row_dot(v_reg, dy, HS, lane_id);
         const float p = expf(tau * qk - lse[stats + i]);  // P_ij
         const float ds = p * (dp - delta[stats + i]);     // dS_ij
-        for (int s = 0; s < kAttentionSlots; s++) {
+        for (int s = 0; s < kWarpRowSlots; s++) {
             const int c = lane_id + 32 * s;
             if (c < HS) {
                 dv[s] += p * dy[c];
@@ -253,7 +197,7 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
     }
     float* dk_out = dqkv + head + (size_t)r.t * C3 + C;
     float* dv_out = dqkv + head + (size_t)r.t * C3 + 2 * C;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) {
             dk_out[c] += tau * dk[s];

@@ -10,7 +10,6 @@
 //   KNNGPT_DYNAMIC_SHARED(type, name)     inside a kernel: `type* name` at the block's dynamic
 //                                         shared memory
 //   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
-//   attention_row(warp, T, NH)            the (b, h, t) of a warp that owns one row of (B, NH, T)
 //   DeviceScratch                         a grow-on-demand device buffer for kernels' scratch
 //   ceil_div(a, b)
 // Kernels launch only through launch(...), never with a raw <<<>>>.
@@ -73,19 +72,6 @@ __device__ __forceinline__ double warp_reduce_max(double value) {
 __device__ __forceinline__ int warp_reduce_max(int value) {
     for (int offset = 16; offset > 0; offset >>= 1) value = max(value, __shfl_xor_sync(0xFFFFFFFFu, value, offset));
     return value;
-}
-
-// The attention kernels that give one warp one row of (B, NH, T): which
-// (b, h, row t) a flat warp index over B*NH*T names.
-struct AttentionRow {
-    int b, h, t;
-};
-__device__ __forceinline__ AttentionRow attention_row(int warp_index, int T, int NH) {
-    AttentionRow r;
-    r.t = warp_index % T;
-    r.h = (warp_index / T) % NH;
-    r.b = warp_index / (T * NH);
-    return r;
 }
 
 // A device buffer that grows to the largest size asked of it and is never

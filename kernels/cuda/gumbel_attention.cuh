@@ -27,7 +27,7 @@
 //   means    lanes own channels c = lane + 32 s; for each sample of the chunk, in
 //            sample order, J is broadcast by __shfl_sync and every lane adds v_J[c] to
 //            its running group sum; at the end of a group the sum / t is stored as
-//            mean_g (registers and local memory: kGumbelMaxGroups x kAttentionSlots).
+//            mean_g (registers and local memory: kGumbelMaxGroups x kWarpRowSlots).
 //   median   per channel, each lane sorts the r group means (insertion sort) and
 //            writes the median.
 // No exceeder / fallback statistics (the CPU twin's GumbelStats) are collected.
@@ -42,8 +42,8 @@
 #include "kernels/common/lazy_gumbel.h"
 #include "kernels/common/attention_score.h"
 #include "kernels/common/draws.h"
-#include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
@@ -76,9 +76,9 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
 
     const int r = groups, t = samples_per_group;
     const int total = r * t;
-    float sum[kAttentionSlots];
-    float means[kGumbelMaxGroups][kAttentionSlots];
-    for (int s = 0; s < kAttentionSlots; s++) sum[s] = 0.0f;
+    float sum[kWarpRowSlots];
+    float means[kGumbelMaxGroups][kWarpRowSlots];
+    for (int s = 0; s < kWarpRowSlots; s++) sum[s] = 0.0f;
     for (int n0 = 0; n0 < total; n0 += 32) {
         const int chunk = min(32, total - n0);
         // lane L draws sample n0 + L (sample number 2 (n0 + L))
@@ -90,14 +90,14 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
         for (int u = 0; u < chunk; u++) {
             const int j = __shfl_sync(0xFFFFFFFFu, J, u);
             const float* v_j = values + (size_t)j * C3;
-            for (int s = 0; s < kAttentionSlots; s++) {
+            for (int s = 0; s < kWarpRowSlots; s++) {
                 const int c = lane_id + 32 * s;
                 if (c < HS) sum[s] += v_j[c];
             }
             const int n = n0 + u;
             if ((n + 1) % t == 0) {
                 const int g = n / t;
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     means[g][s] = sum[s] / (float)t;
                     sum[s] = 0.0f;
                 }
@@ -107,7 +107,7 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
 
     // the coordinate-wise median of the group means
     float* o = out + ((size_t)b * T + i) * C + (size_t)h * HS;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c >= HS) break;
         float column[kGumbelMaxGroups];

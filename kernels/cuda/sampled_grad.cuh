@@ -100,8 +100,8 @@
 #include "kernels/common/attention_score.h"
 #include "kernels/common/draws.h"
 #include "kernels/common/lazy_gumbel.h"
-#include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
@@ -236,10 +236,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     }
 
     // the row's channels: lane owns c = lane + 32 s; Delta_i = dO_i . O_i
-    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dv_add[kAttentionSlots];
-    double dq[kAttentionSlots];
+    float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dv_add[kWarpRowSlots];
+    double dq[kWarpRowSlots];
     double delta = 0.0;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         q_reg[s] = c < HS ? q[c] : 0.0f;
         dy_reg[s] = c < HS ? dout[row_offset + c] : 0.0f;
@@ -252,10 +252,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     // signed-start dV: the walks of each of the lane's columns that start at row i, and
     // the signed weight each adds; the row draws count = max(s, most walks of a column)
     const bool signed_dv = walk_counts != nullptr;
-    int walks[kAttentionSlots];
-    float walk_add[kAttentionSlots];
+    int walks[kWarpRowSlots];
+    float walk_add[kWarpRowSlots];
     int count = samples;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         walks[s] = 0;
         walk_add[s] = 0.0f;
@@ -308,14 +308,14 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 const float* k_j = keys + (size_t)j * C3;
                 const float* v_j = values + (size_t)j * C3;
                 double dp = 0.0;  // dO_i . v_J
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) dp += (double)dy_reg[s] * v_j[c];
                 }
                 dp = warp_reduce_sum(dp);
                 const double coef = (double)tau * (dp - delta) / samples;
                 float* dk_j = dqkv + head + (size_t)j * C3 + C;
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) {
                         dq[s] += coef * k_j[c];
@@ -325,7 +325,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 }
             }
             if (signed_dv) {  // walk m of column c, if row i starts that many, lands on J_m
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS && m < walks[s]) atomicAdd(&dv_j[c], walk_add[s]);
                 }
@@ -333,7 +333,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
         }
     }
     float* dq_out = dqkv + head + (size_t)i * C3;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += (float)dq[s];
     }

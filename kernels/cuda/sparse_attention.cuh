@@ -25,8 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "kernels/cuda/attention.cuh"  // the one-warp-per-row pieces: warp_row_load, warp_row_dot, WarpRowSoftmax
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
@@ -49,7 +49,7 @@ __global__ void sparse_attention_forward_kernel(float* out, float* lse, const fl
     const int* idx_row = idx + (size_t)warp_index * K;  // warp_index = (b * NH + h) * T + i
     const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
 
-    float q_reg[kAttentionSlots];
+    float q_reg[kWarpRowSlots];
     warp_row_load(q_reg, q, HS, lane_id);
     WarpRowSoftmax softmax;  // over the valid slots; an empty list gives out 0, lse -inf
     for (int t = 0; t < K; t++) {
@@ -82,7 +82,7 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
     const int* idx_row = idx + (size_t)warp_index * K;
     const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
 
-    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dq[kAttentionSlots] = {};
+    float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dq[kWarpRowSlots] = {};
     warp_row_load(q_reg, q, HS, lane_id);
     warp_row_load(dy_reg, dout + row_offset, HS, lane_id);
     const float delta = warp_row_dot(dy_reg, out + row_offset, HS, lane_id);  // Delta_i = dO_i . o_i
@@ -98,7 +98,7 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
         const float ds_tau = tau * p * (dp - delta);                              // tau dS_t
         float* dk = dqkv + head + (size_t)j * C3 + C;
         float* dv = dqkv + head + (size_t)j * C3 + 2 * C;
-        for (int s = 0; s < kAttentionSlots; s++) {
+        for (int s = 0; s < kWarpRowSlots; s++) {
             const int c = lane_id + 32 * s;
             if (c < HS) {
                 dq[s] += ds_tau * k[c];
@@ -108,7 +108,7 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
         }
     }
     float* dq_out = dqkv + head + (size_t)i * C3;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += dq[s];
     }

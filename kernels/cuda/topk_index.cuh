@@ -34,6 +34,7 @@
 
 #include "kernels/common/attention_score.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
