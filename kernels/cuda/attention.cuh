@@ -20,7 +20,7 @@
 // Delta, grown on demand and kept for the process (no allocation per call).
 //
 // Reference design: one warp per (b, h, row); lanes stride over the head's
-// channels, so a lane holds at most kAttentionMaxHeadSize / 32 channels of each
+// channels, so a lane holds at most kWarpRowMaxHeadSize / 32 channels of each
 // vector in registers.
 //   forward   warp per query i, online softmax over keys j <= i.
 //   backward  Delta_i per query; dQ per query warp (keys j <= i); dK, dV per
@@ -29,7 +29,7 @@
 // Tiled design (FlashAttention-2 style), 128 threads = 4 warps per block, one
 // block per (tile, b*NH + h) = (blockIdx.x, blockIdx.y). Kernels are templated
 // on a head-size bound MAX_HS in {64, 128} and picked at run time from HS;
-// HS > 128 (or B * NH above the grid's 65535 rows) falls back to the
+// HS > kAttentionTiledMaxHeadSize (or B * NH above the grid's 65535 rows) falls back to the
 // reference kernels. Tiles live in static shared memory, rows padded to MAX_HS + 4 floats (16-byte aligned rows for float4
 // reads; a stride of 4 mod 32 words keeps lanes that read different rows on
 // different banks). Channels [HS, HS rounded up to 4) are zero-filled, as are
@@ -72,6 +72,7 @@
 #include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
 #include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
@@ -208,10 +209,10 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
 
 // ---- reference host launchers -------------------------------------------------
 
-// HS beyond kAttentionMaxHeadSize would not fit the lanes' register slots.
+// HS beyond kWarpRowMaxHeadSize would not fit the lanes' register slots.
 inline void attention_check_head_size(int C, int NH) {
-    if (C / NH > kAttentionMaxHeadSize) {
-        std::fprintf(stderr, "attention: head size %d exceeds %d\n", C / NH, kAttentionMaxHeadSize);
+    if (C / NH > kWarpRowMaxHeadSize) {
+        std::fprintf(stderr, "attention: head size %d exceeds %d\n", C / NH, kWarpRowMaxHeadSize);
         std::exit(1);
     }
 }
@@ -626,7 +627,7 @@ void attention_backward_tiled(float* dqkv, const float* dout, const float* qkv, 
            lse, delta, B, T, C, NH);
 }
 
-// Tiled forward for HS <= 128, the reference beyond.
+// Tiled forward for HS <= kAttentionTiledMaxHeadSize, the reference beyond.
 // The tiled kernels put b*NH + h on the grid's y axis, which holds at most 65535.
 constexpr int kAttentionMaxGridY = 65535;
 
@@ -637,20 +638,20 @@ inline void attention_forward(float* out, float* lse, const float* qkv, int B, i
         attention_forward_reference(out, lse, qkv, B, T, C, NH);
     } else if (HS <= 64) {
         attention_forward_tiled<64>(out, lse, qkv, B, T, C, NH);
-    } else if (HS <= 128) {
+    } else if (HS <= kAttentionTiledMaxHeadSize) {
         attention_forward_tiled<128>(out, lse, qkv, B, T, C, NH);
     } else {
         attention_forward_reference(out, lse, qkv, B, T, C, NH);
     }
 }
 
-// Tiled backward for HS <= 128, the reference beyond. Accumulates (+=) into dqkv.
+// Tiled backward for HS <= kAttentionTiledMaxHeadSize, the reference beyond. Accumulates (+=) into dqkv.
 inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                int B, int T, int C, int NH) {
     const int rows = B * NH * T;
     if (rows == 0) return;
     const int HS = C / NH;
-    if (HS > 128 || B * NH > kAttentionMaxGridY) {
+    if (HS > kAttentionTiledMaxHeadSize || B * NH > kAttentionMaxGridY) {
         attention_backward_reference(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }

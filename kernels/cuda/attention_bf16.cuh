@@ -1,7 +1,8 @@
 // kernels/cuda/attention_bf16.cuh — exact causal multi-head attention on tensor
 // cores: bf16 operands, fp32 accumulation (nvcuda::wmma 16x16x16 tiles). Same
 // shapes, layout and semantics as attention_forward / attention_backward of
-// kernels/cuda/attention.cuh, for head sizes HS = 16, 32, ..., 128.
+// kernels/cuda/attention.cuh, for head sizes HS = 16, 32, ..., 128
+// (kAttentionBf16HeadSizeStep, kAttentionBf16MaxHeadSize: head_size.cuh).
 //
 // Math, for batch b, head h, query i and key j <= i, tau = 1/sqrt(HS):
 //   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} exp(s_ij),  P_ij = exp(s_ij - lse_i)
@@ -82,6 +83,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
 
 namespace knngpt::cuda {
 
@@ -89,13 +91,14 @@ constexpr int kAttentionBf16Warps = 4;
 constexpr int kAttentionBf16Threads = 32 * kAttentionBf16Warps;
 constexpr int kAttentionBf16Rows = 16 * kAttentionBf16Warps;  // rows (queries or keys) of a block's tile
 constexpr int kAttentionBf16Cols = 64;                        // the other side of a tile (keys or queries)
-constexpr int kAttentionBf16MaxHeadSize = 128;
 
 // Row strides (elements) in shared memory. Multiples of 8 (bf16) and 4 (fp32)
 // as wmma requires; 16 rows of each are a multiple of 32 bytes.
 template <int HS>
 struct AttentionBf16Layout {
-    static_assert(HS % 16 == 0 && HS >= 16 && HS <= kAttentionBf16MaxHeadSize, "head size");
+    static_assert(HS % kAttentionBf16HeadSizeStep == 0 && HS >= kAttentionBf16HeadSizeStep &&
+                      HS <= kAttentionBf16MaxHeadSize,
+                  "head size");
     static constexpr int LDH = HS + 8;                      // bf16 (rows, HS) tiles
     static constexpr int LDS = kAttentionBf16Cols + 4;      // fp32 (rows, 64) score tiles
     static constexpr int LDP = kAttentionBf16Cols + 8;      // bf16 (rows, 64) P / dS tiles
@@ -485,9 +488,9 @@ __global__ void __launch_bounds__(kAttentionBf16Threads)
 
 inline void attention_bf16_check(int C, int NH, const char* what) {
     const int HS = C / NH;
-    if (HS % 16 != 0 || HS < 16 || HS > kAttentionBf16MaxHeadSize) {
-        std::fprintf(stderr, "%s: head size %d must be a multiple of 16 in [16, %d]\n", what, HS,
-                     kAttentionBf16MaxHeadSize);
+    if (HS % kAttentionBf16HeadSizeStep != 0 || HS < kAttentionBf16HeadSizeStep || HS > kAttentionBf16MaxHeadSize) {
+        std::fprintf(stderr, "%s: head size %d must be a multiple of %d in [%d, %d]\n", what, HS,
+                     kAttentionBf16HeadSizeStep, kAttentionBf16HeadSizeStep, kAttentionBf16MaxHeadSize);
         std::exit(1);
     }
 }
@@ -525,7 +528,7 @@ void attention_backward_bf16_hs(float* dqkv, const float* dout, const float* qkv
            delta, T, C, NH);
 }
 
-// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). HS % 16 == 0, HS <= 128,
+// out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C). HS as attention_bf16_check takes it,
 // B * NH <= 65535 (the grid's y).
 inline void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     if (B * NH * T == 0) return;

@@ -16,7 +16,7 @@
 //
 // Shapes: qkv (B, T, 3C) as in attention.h; topk_idx (B, NH, T, k), ascending key
 // indices per row, -1 padded (as causal_topk_brute writes them); out (B, T, C), head h
-// at channels h*HS. HS = C / NH <= kAttentionMaxHeadSize, groups <= kGumbelMaxGroups,
+// at channels h*HS. HS = C / NH <= kWarpRowMaxHeadSize, groups <= kGumbelMaxGroups,
 // 2 r t <= lazy_gumbel_sample_capacity(T). Device pointers. Nothing is saved for the
 // backward (train with --attn-grad sampled).
 //
@@ -141,9 +141,9 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                      (unsigned long long)(lazy_gumbel_sample_capacity(T) / 2), T);
         std::exit(1);
     }
-    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize || k < 1) {
+    if (NH < 1 || C % NH != 0 || C / NH > kWarpRowMaxHeadSize || k < 1) {
         std::fprintf(stderr, "gumbel_attention_forward: need C %% NH == 0, head size <= %d and k >= 1 "
-                             "(got C=%d NH=%d k=%d)\n", kAttentionMaxHeadSize, C, NH, k);
+                             "(got C=%d NH=%d k=%d)\n", kWarpRowMaxHeadSize, C, NH, k);
         std::exit(1);
     }
     const int rows = B * NH * T;

@@ -34,7 +34,7 @@
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h (q, k, v of head h at channels h*HS of
 // their C-wide section); dout, out (B, T, C), head h at channels h*HS; topk_idx
 // (B, NH, T, k) ascending, -1 padded (LazyGumbel only). HS = C / NH <=
-// kAttentionMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
+// kWarpRowMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
 //
 // Design: one warp per row (b, h, i), the longest rows scheduled first, after (for
 // signed-start dV only) a walk-start kernel.
@@ -85,7 +85,7 @@
 //
 // Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
 // (sampled_grad_draws_fit, kernels/common/draws.h, as the CPU twin requires), head size
-// past kAttentionMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
+// past kWarpRowMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
 // statistics (the CPU twin's GumbelStats) are collected.
 #pragma once
 
@@ -350,9 +350,9 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         std::fprintf(stderr, "sampled_attention_backward: need samples >= 1, got %d\n", samples);
         std::exit(1);
     }
-    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize) {
+    if (NH < 1 || C % NH != 0 || C / NH > kWarpRowMaxHeadSize) {
         std::fprintf(stderr, "sampled_attention_backward: need C %% NH == 0 and head size <= %d (got C=%d NH=%d)\n",
-                     kAttentionMaxHeadSize, C, NH);
+                     kWarpRowMaxHeadSize, C, NH);
         std::exit(1);
     }
     if (source == GradSampleSource::LazyGumbel) {

@@ -6,7 +6,7 @@
 //   a list with no valid slot gives o_i = 0, lse_i = -inf and no gradient.
 //
 // Shapes: qkv/dqkv (B, T, 3C); out/dout (B, T, C); lse (B, NH, T);
-// idx, logw (B, NH, T, K). HS = C / NH <= kAttentionMaxHeadSize. Device pointers.
+// idx, logw (B, NH, T, K). HS = C / NH <= kWarpRowMaxHeadSize. Device pointers.
 // Backward recomputes P_t from lse and accumulates (+=) into dqkv.
 //
 // Design: one warp per (b, h, i), lanes striding over the head's channels (as in
@@ -117,10 +117,10 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
 // ---- host launchers -----------------------------------------------------------
 
 inline void sparse_attention_check_shapes(int C, int NH, int K) {
-    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize || K < 0) {
+    if (NH < 1 || C % NH != 0 || C / NH > kWarpRowMaxHeadSize || K < 0) {
         std::fprintf(stderr,
                      "sparse_attention: need C %% NH == 0, head size <= %d and K >= 0 (got C=%d NH=%d K=%d)\n",
-                     kAttentionMaxHeadSize, C, NH, K);
+                     kWarpRowMaxHeadSize, C, NH, K);
         std::exit(1);
     }
 }

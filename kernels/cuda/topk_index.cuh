@@ -34,13 +34,13 @@
 
 #include "kernels/common/attention_score.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
 #include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
 constexpr int kTopkThreads = 256;  // 8 warps, one query row each
 constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkMaxHeadSize = 256;
 constexpr int kTopkRadixBins = 256;  // 8 bits per pass, 4 passes
 
 // ---- CUDA kernels -------------------------------------------------------------

@@ -11,11 +11,12 @@
 #include <cmath>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
 
 namespace knngpt::cuda {
 
-constexpr int kAttentionMaxHeadSize = 256;  // HS limit: 8 register slots per lane
-constexpr int kWarpRowSlots = kAttentionMaxHeadSize / 32;
+constexpr int kWarpRowSlots = kWarpRowMaxHeadSize / 32;
+static_assert(kWarpRowMaxHeadSize % 32 == 0, "whole slots");
 
 // Which (b, h, row t) a flat warp index over B*NH*T names.
 struct AttentionRow {
