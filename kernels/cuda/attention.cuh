@@ -226,16 +226,23 @@ inline void attention_forward_reference(float* out, float* lse, const float* qkv
            B, T, C, NH);
 }
 
-// Delta in the scratch of attention_delta_scratch.
+// Delta (B, NH, T) from dout and the forward's out, into the scratch of
+// attention_delta_scratch; every backward starts with it.
+inline const float* attention_backward_delta(const float* dout, const float* out, int B, int T, int C, int NH) {
+    const int rows = B * NH * T;
+    float* delta = attention_delta_scratch((size_t)rows);
+    launch(attention_backward_delta_kernel, ceil_div(rows, kAttentionThreads / 32), kAttentionThreads, 0, nullptr,
+           delta, dout, out, B, T, C, NH);
+    return delta;
+}
+
 inline void attention_backward_reference(float* dqkv, const float* dout, const float* qkv, const float* out,
                                          const float* lse, int B, int T, int C, int NH) {
     const int rows = B * NH * T;
     if (rows == 0) return;
     attention_check_head_size(C, NH);
-    const int rows_per_block = kAttentionThreads / 32;
-    const int blocks = ceil_div(rows, rows_per_block);
-    float* delta = attention_delta_scratch((size_t)rows);
-    launch(attention_backward_delta_kernel, blocks, kAttentionThreads, 0, nullptr, delta, dout, out, B, T, C, NH);
+    const int blocks = ceil_div(rows, kAttentionThreads / 32);
+    const float* delta = attention_backward_delta(dout, out, B, T, C, NH);
     launch(attention_backward_dq_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
            C, NH);
     launch(attention_backward_dkv_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
@@ -246,24 +253,67 @@ inline void attention_backward_reference(float* dqkv, const float* dout, const f
 
 constexpr int kAttentionTiledWarps = 4;
 constexpr int kAttentionTiledThreads = 32 * kAttentionTiledWarps;
-constexpr int kAttentionForwardKeys = 32;  // Bc of the forward: one key per lane
 
-// Tile sizes per head-size bound, chosen to keep each block under 48 KB of
-// shared memory (see the table in the header comment).
+// Every tile dimension of the tiled kernels for heads of at most MAX_HS
+// channels, from the three tile sizes; the kernels take one of these as their
+// template parameter.
+template <int MAX_HS, int FORWARD_ROWS, int BACKWARD_ROWS, int BACKWARD_KEYS>
+struct AttentionTiledShape {
+    static constexpr int max_hs = MAX_HS;
+    static constexpr int warps = kAttentionTiledWarps;
+    static constexpr int threads = kAttentionTiledThreads;
+    static constexpr int slots = MAX_HS / 32;  // channels per lane: lane + 32 s
+    static constexpr int ld = MAX_HS + 4;      // row stride (floats) of a (rows, HS) tile
+
+    // forward, Br x Bc: Br queries per block, Bc = 32 keys per tile, one per lane
+    static constexpr int forward_rows = FORWARD_ROWS;
+    static constexpr int forward_keys = 32;
+    static constexpr int forward_rows_per_warp = forward_rows / warps;
+
+    // backward, Br x Bc (the dK/dV kernel owns Bc keys, the dQ kernel Br queries)
+    static constexpr int backward_rows = BACKWARD_ROWS;
+    static constexpr int backward_keys = BACKWARD_KEYS;
+    // dK, dV score step: thread -> (query, one of dkv_groups key groups); accumulation: keys per warp
+    static constexpr int dkv_groups = threads / backward_rows;
+    static constexpr int dkv_keys_per_thread = backward_keys / dkv_groups;
+    static constexpr int dkv_keys_per_warp = backward_keys / warps;
+    // dQ score step: thread -> (key, one of dq_groups query groups); accumulation: queries per warp
+    static constexpr int dq_groups = threads / backward_keys;
+    static constexpr int dq_rows_per_thread = backward_rows / dq_groups;
+    static constexpr int dq_rows_per_warp = backward_rows / warps;
+
+    // static shared memory per block, bytes: (rows, HS) tiles, (rows, keys) P / dS tiles, lse and Delta
+    static constexpr size_t forward_shared_bytes =
+        sizeof(float) * ((size_t)(forward_rows + 2 * forward_keys) * ld + forward_rows * forward_keys);
+    static constexpr size_t dkv_shared_bytes =
+        sizeof(float) * ((size_t)2 * (backward_keys + backward_rows) * ld + 2 * backward_keys * backward_rows +
+                         2 * backward_rows);
+    static constexpr size_t dq_shared_bytes =
+        sizeof(float) * ((size_t)2 * (backward_rows + backward_keys) * ld + backward_rows * backward_keys +
+                         2 * backward_rows);
+
+    static_assert(MAX_HS % 32 == 0, "whole slots");
+    static_assert(forward_rows % warps == 0, "forward: whole rows per warp");
+    static_assert(threads % backward_rows == 0 && backward_keys % dkv_groups == 0 && backward_keys % warps == 0 &&
+                      backward_rows % 4 == 0,
+                  "dK, dV tile shape");
+    static_assert(threads % backward_keys == 0 && backward_rows % dq_groups == 0 && backward_rows % warps == 0 &&
+                      backward_keys % 4 == 0,
+                  "dQ tile shape");
+    static_assert(forward_shared_bytes <= kDefaultSharedBytes && dkv_shared_bytes <= kDefaultSharedBytes &&
+                      dq_shared_bytes <= kDefaultSharedBytes,
+                  "static shared memory");
+};
+
+// The tile sizes per head-size bound (see the table in the header comment).
 template <int MAX_HS>
 struct AttentionTiles;
 template <>
-struct AttentionTiles<64> {
-    static constexpr int forward_rows = 64;    // Br, forward
-    static constexpr int backward_rows = 32;   // Br, backward
-    static constexpr int backward_keys = 32;   // Bc, backward
-};
+struct AttentionTiles<64> : AttentionTiledShape<64, 64, 32, 32> {};
 template <>
-struct AttentionTiles<128> {
-    static constexpr int forward_rows = 16;
-    static constexpr int backward_rows = 16;
-    static constexpr int backward_keys = 16;
-};
+struct AttentionTiles<128> : AttentionTiledShape<128, 16, 16, 16> {};
+static_assert(AttentionTiles<kAttentionTiledMaxHeadSize>::max_hs == kAttentionTiledMaxHeadSize,
+              "the largest bound is the tiled limit");
 
 __device__ __forceinline__ float4 attention_load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
@@ -297,19 +347,17 @@ __device__ void attention_load_row_stats(float* lse_tile, float* delta_tile, con
 }
 
 // Forward. grid (ceil(T / Br), B * NH), block kAttentionTiledThreads.
-template <int MAX_HS>
-__global__ void __launch_bounds__(kAttentionTiledThreads)
+template <class Tiles>
+__global__ void __launch_bounds__(Tiles::threads)
     attention_forward_tiled_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    constexpr int BR = AttentionTiles<MAX_HS>::forward_rows;
-    constexpr int BC = kAttentionForwardKeys;
-    constexpr int LD = MAX_HS + 4;
-    constexpr int RPW = BR / kAttentionTiledWarps;  // query rows per warp
-    constexpr int SLOTS = MAX_HS / 32;              // channels per lane: lane + 32 s
-    static_assert(BR % kAttentionTiledWarps == 0 && BC == 32, "forward tile shape");
+    constexpr int BR = Tiles::forward_rows, BC = Tiles::forward_keys, LD = Tiles::ld;
+    constexpr int RPW = Tiles::forward_rows_per_warp;  // query rows per warp
+    constexpr int SLOTS = Tiles::slots;                // channels per lane: lane + 32 s
     __align__(16) __shared__ float q_tile[BR][LD];  // (Br, HS) queries of this block
     __align__(16) __shared__ float k_tile[BC][LD];  // (Bc, HS) keys of the current tile
     __align__(16) __shared__ float v_tile[BC][LD];  // (Bc, HS) values of the current tile
     __align__(16) __shared__ float p_tile[BR][BC];  // (Br, Bc) e^(s - m'), each warp its own rows
+    static_assert(sizeof(q_tile) + sizeof(k_tile) + sizeof(v_tile) + sizeof(p_tile) == Tiles::forward_shared_bytes);
 
     (void)B;  // the grid's y covers B * NH
     const int HS = C / NH, C3 = 3 * C, HS4 = (HS + 3) / 4 * 4;
@@ -390,20 +438,14 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
 }
 
 // Backward, dK and dV. grid (ceil(T / Bc), B * NH), block kAttentionTiledThreads.
-template <int MAX_HS>
-__global__ void __launch_bounds__(kAttentionTiledThreads)
+template <class Tiles>
+__global__ void __launch_bounds__(Tiles::threads)
     attention_backward_dkv_tiled_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                         const float* delta, int B, int T, int C, int NH) {
-    constexpr int BR = AttentionTiles<MAX_HS>::backward_rows;
-    constexpr int BC = AttentionTiles<MAX_HS>::backward_keys;
-    constexpr int LD = MAX_HS + 4;
-    constexpr int SLOTS = MAX_HS / 32;
-    constexpr int GROUPS = kAttentionTiledThreads / BR;  // score step: thread -> (query, key group)
-    constexpr int KEYS_PER_THREAD = BC / GROUPS;         // score step: keys of a thread
-    constexpr int KPW = BC / kAttentionTiledWarps;       // accumulation: keys per warp
-    static_assert(kAttentionTiledThreads % BR == 0 && BC % GROUPS == 0 && BC % kAttentionTiledWarps == 0 &&
-                      BR % 4 == 0,
-                  "backward tile shape");
+    constexpr int BR = Tiles::backward_rows, BC = Tiles::backward_keys, LD = Tiles::ld, SLOTS = Tiles::slots;
+    constexpr int GROUPS = Tiles::dkv_groups;                    // score step: thread -> (query, key group)
+    constexpr int KEYS_PER_THREAD = Tiles::dkv_keys_per_thread;  // score step: keys of a thread
+    constexpr int KPW = Tiles::dkv_keys_per_warp;                // accumulation: keys per warp
     __align__(16) __shared__ float k_tile[BC][LD];   // (Bc, HS) this block's keys
     __align__(16) __shared__ float v_tile[BC][LD];   // (Bc, HS) this block's values
     __align__(16) __shared__ float q_tile[BR][LD];   // (Br, HS) queries of the current tile
@@ -411,6 +453,9 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
     __align__(16) __shared__ float pt_tile[BC][BR];  // (Bc, Br) P transposed
     __align__(16) __shared__ float dst_tile[BC][BR]; // (Bc, Br) dS transposed
     __shared__ float lse_tile[BR], delta_tile[BR];
+    static_assert(sizeof(k_tile) + sizeof(v_tile) + sizeof(q_tile) + sizeof(do_tile) + sizeof(pt_tile) +
+                      sizeof(dst_tile) + sizeof(lse_tile) + sizeof(delta_tile) ==
+                  Tiles::dkv_shared_bytes);
 
     (void)B;  // the grid's y covers B * NH
     const int HS = C / NH, C3 = 3 * C, HS4 = (HS + 3) / 4 * 4;
@@ -504,26 +549,23 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
 }
 
 // Backward, dQ. grid (ceil(T / Br), B * NH), block kAttentionTiledThreads.
-template <int MAX_HS>
-__global__ void __launch_bounds__(kAttentionTiledThreads)
+template <class Tiles>
+__global__ void __launch_bounds__(Tiles::threads)
     attention_backward_dq_tiled_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                        const float* delta, int B, int T, int C, int NH) {
-    constexpr int BR = AttentionTiles<MAX_HS>::backward_rows;
-    constexpr int BC = AttentionTiles<MAX_HS>::backward_keys;
-    constexpr int LD = MAX_HS + 4;
-    constexpr int SLOTS = MAX_HS / 32;
-    constexpr int GROUPS = kAttentionTiledThreads / BC;  // score step: thread -> (key, query group)
-    constexpr int ROWS_PER_THREAD = BR / GROUPS;         // score step: queries of a thread
-    constexpr int QPW = BR / kAttentionTiledWarps;       // accumulation: queries per warp
-    static_assert(kAttentionTiledThreads % BC == 0 && BR % GROUPS == 0 && BR % kAttentionTiledWarps == 0 &&
-                      BC % 4 == 0,
-                  "backward tile shape");
+    constexpr int BR = Tiles::backward_rows, BC = Tiles::backward_keys, LD = Tiles::ld, SLOTS = Tiles::slots;
+    constexpr int GROUPS = Tiles::dq_groups;                   // score step: thread -> (key, query group)
+    constexpr int ROWS_PER_THREAD = Tiles::dq_rows_per_thread;  // score step: queries of a thread
+    constexpr int QPW = Tiles::dq_rows_per_warp;               // accumulation: queries per warp
     __align__(16) __shared__ float q_tile[BR][LD];   // (Br, HS) this block's queries
     __align__(16) __shared__ float do_tile[BR][LD];  // (Br, HS) their dO
     __align__(16) __shared__ float k_tile[BC][LD];   // (Bc, HS) keys of the current tile
     __align__(16) __shared__ float v_tile[BC][LD];   // (Bc, HS) values of the current tile
     __align__(16) __shared__ float ds_tile[BR][BC];  // (Br, Bc) dS
     __shared__ float lse_tile[BR], delta_tile[BR];
+    static_assert(sizeof(q_tile) + sizeof(do_tile) + sizeof(k_tile) + sizeof(v_tile) + sizeof(ds_tile) +
+                      sizeof(lse_tile) + sizeof(delta_tile) ==
+                  Tiles::dq_shared_bytes);
 
     (void)B;  // the grid's y covers B * NH
     const int HS = C / NH, C3 = 3 * C, HS4 = (HS + 3) / 4 * 4;
@@ -609,22 +651,21 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
 
 // ---- tiled host launchers -------------------------------------------------------
 
-template <int MAX_HS>
+template <class Tiles>
 void attention_forward_tiled(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    const dim3 grid(ceil_div(T, AttentionTiles<MAX_HS>::forward_rows), B * NH);
-    launch(attention_forward_tiled_kernel<MAX_HS>, grid, kAttentionTiledThreads, 0, nullptr, out, lse, qkv, B, T, C,
-           NH);
+    const dim3 grid(ceil_div(T, Tiles::forward_rows), B * NH);
+    launch(attention_forward_tiled_kernel<Tiles>, grid, Tiles::threads, 0, nullptr, out, lse, qkv, B, T, C, NH);
 }
 
-template <int MAX_HS>
+template <class Tiles>
 void attention_backward_tiled(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                               int B, int T, int C, int NH) {
-    const dim3 dkv_grid(ceil_div(T, AttentionTiles<MAX_HS>::backward_keys), B * NH);
-    launch(attention_backward_dkv_tiled_kernel<MAX_HS>, dkv_grid, kAttentionTiledThreads, 0, nullptr, dqkv, dout, qkv,
-           lse, delta, B, T, C, NH);
-    const dim3 dq_grid(ceil_div(T, AttentionTiles<MAX_HS>::backward_rows), B * NH);
-    launch(attention_backward_dq_tiled_kernel<MAX_HS>, dq_grid, kAttentionTiledThreads, 0, nullptr, dqkv, dout, qkv,
-           lse, delta, B, T, C, NH);
+    const dim3 dkv_grid(ceil_div(T, Tiles::backward_keys), B * NH);
+    launch(attention_backward_dkv_tiled_kernel<Tiles>, dkv_grid, Tiles::threads, 0, nullptr, dqkv, dout, qkv, lse,
+           delta, B, T, C, NH);
+    const dim3 dq_grid(ceil_div(T, Tiles::backward_rows), B * NH);
+    launch(attention_backward_dq_tiled_kernel<Tiles>, dq_grid, Tiles::threads, 0, nullptr, dqkv, dout, qkv, lse,
+           delta, B, T, C, NH);
 }
 
 // Tiled forward for HS <= kAttentionTiledMaxHeadSize, the reference beyond.
@@ -636,10 +677,10 @@ inline void attention_forward(float* out, float* lse, const float* qkv, int B, i
     const int HS = C / NH;
     if (B * NH > kAttentionMaxGridY) {
         attention_forward_reference(out, lse, qkv, B, T, C, NH);
-    } else if (HS <= 64) {
-        attention_forward_tiled<64>(out, lse, qkv, B, T, C, NH);
-    } else if (HS <= kAttentionTiledMaxHeadSize) {
-        attention_forward_tiled<128>(out, lse, qkv, B, T, C, NH);
+    } else if (HS <= AttentionTiles<64>::max_hs) {
+        attention_forward_tiled<AttentionTiles<64>>(out, lse, qkv, B, T, C, NH);
+    } else if (HS <= AttentionTiles<128>::max_hs) {
+        attention_forward_tiled<AttentionTiles<128>>(out, lse, qkv, B, T, C, NH);
     } else {
         attention_forward_reference(out, lse, qkv, B, T, C, NH);
     }
@@ -655,14 +696,11 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
         attention_backward_reference(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }
-    float* delta = attention_delta_scratch((size_t)rows);
-    const int rows_per_block = kAttentionThreads / 32;
-    launch(attention_backward_delta_kernel, ceil_div(rows, rows_per_block), kAttentionThreads, 0, nullptr, delta, dout,
-           out, B, T, C, NH);
-    if (HS <= 64) {
-        attention_backward_tiled<64>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+    const float* delta = attention_backward_delta(dout, out, B, T, C, NH);
+    if (HS <= AttentionTiles<64>::max_hs) {
+        attention_backward_tiled<AttentionTiles<64>>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
     } else {
-        attention_backward_tiled<128>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+        attention_backward_tiled<AttentionTiles<128>>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
     }
 }
 

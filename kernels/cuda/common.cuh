@@ -11,6 +11,7 @@
 //                                         shared memory
 //   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
 //   DeviceScratch                         a grow-on-demand device buffer for kernels' scratch
+//   kDefaultSharedBytes                   the shared memory a block gets without opting in (48 KB)
 //   ceil_div(a, b)
 // Kernels launch only through launch(...), never with a raw <<<>>>.
 #pragma once
@@ -22,6 +23,7 @@
 #include <mma.h>
 #endif
 
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -92,6 +94,11 @@ struct DeviceScratch {
         return ptr;
     }
 };
+
+// Shared memory a block may use without opting in: the limit of static
+// __shared__ arrays, and of dynamic shared memory unless the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize is raised.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
 template <typename A, typename B>
 __host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {
