@@ -89,32 +89,26 @@ inline float* attention_delta_scratch(size_t count) {
 
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const int C3 = 3 * C;
+    const WarpRow r = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = r.HS, C3 = r.C3;
     const float tau = rsqrtf((float)HS);
-    const float* base = qkv + (size_t)r.b * T * C3 + (size_t)r.h * HS;
-    const float* q = base + (size_t)r.t * C3;
 
     float q_reg[kWarpRowSlots];
-    warp_row_load(q_reg, q, HS, lane_id);
+    warp_row_load(q_reg, r.q, HS, lane_id);
     WarpRowSoftmax softmax;  // over keys j <= i
-    for (int j = 0; j <= r.t; j++) {
-        const float* k = base + (size_t)j * C3 + C;
-        const float* v = base + (size_t)j * C3 + 2 * C;
-        softmax.add(tau * warp_row_dot(q_reg, k, HS, lane_id), v, HS, lane_id);
-    }
-    softmax.write(out + ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS, &lse[((size_t)r.b * NH + r.h) * T + r.t], HS,
-                  lane_id);
+    for (int j = 0; j <= r.t; j++)
+        softmax.add(tau * warp_row_dot(q_reg, r.keys + (size_t)j * C3, HS, lane_id), r.values + (size_t)j * C3, HS,
+                    lane_id);
+    softmax.write(out + r.out, &lse[warp_index], HS, lane_id);
 }
 
 // delta (B, NH, T): Delta_i = dO_i . O_i, one warp per query.
 __global__ void attention_backward_delta_kernel(float* delta, const float* dout, const float* out, int B, int T,
                                                 int C, int NH) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;
     const AttentionRow r = attention_row(warp_index, T, NH);
     const int HS = C / NH;
@@ -122,31 +116,26 @@ __global__ void attention_backward_delta_kernel(float* delta, const float* dout,
     float dot = 0.0f;
     for (int c = lane_id; c < HS; c += 32) dot += dout[offset + c] * out[offset + c];
     dot = warp_reduce_sum(dot);
-    if (lane_id == 0) delta[((size_t)r.b * NH + r.h) * T + r.t] = dot;
+    if (lane_id == 0) delta[warp_index] = dot;
 }
 
 // dQ_i += tau sum_{j<=i} dS_ij k_j, one warp per query i.
 __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                              const float* delta, int B, int T, int C, int NH) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const int C3 = 3 * C;
+    const WarpRow r = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = r.HS, C3 = r.C3;
     const float tau = rsqrtf((float)HS);
-    const size_t head = (size_t)r.b * T * C3 + (size_t)r.h * HS;
-    const float* q = qkv + head + (size_t)r.t * C3;
-    const float* dy = dout + ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS;
-    const size_t stat = ((size_t)r.b * NH + r.h) * T + r.t;
-    const float lse_i = lse[stat], delta_i = delta[stat];
+    const float lse_i = lse[warp_index], delta_i = delta[warp_index];
 
     float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dq[kWarpRowSlots] = {};
-    warp_row_load(q_reg, q, HS, lane_id);
-    warp_row_load(dy_reg, dy, HS, lane_id);
+    warp_row_load(q_reg, r.q, HS, lane_id);
+    warp_row_load(dy_reg, dout + r.out, HS, lane_id);
     for (int j = 0; j <= r.t; j++) {
-        const float* k = qkv + head + (size_t)j * C3 + C;
-        const float* v = qkv + head + (size_t)j * C3 + 2 * C;
+        const float* k = r.keys + (size_t)j * C3;
+        const float* v = r.values + (size_t)j * C3;
         const float qk = warp_row_dot(q_reg, k, HS, lane_id);
         const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
         const float p = expf(tau * qk - lse_i);  // P_ij
@@ -156,7 +145,7 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
             if (c < HS) dq[s] += ds * k[c];
         }
     }
-    float* dq_out = dqkv + head + (size_t)r.t * C3;
+    float* dq_out = dqkv + r.head + (size_t)r.t * C3;
     for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += tau * dq[s];
@@ -167,15 +156,14 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
 __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                               const float* delta, int B, int T, int C, int NH) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const int C3 = 3 * C;
+    const WarpRow r = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = r.HS, C3 = r.C3;
     const float tau = rsqrtf((float)HS);
-    const size_t head = (size_t)r.b * T * C3 + (size_t)r.h * HS;
-    const float* k = qkv + head + (size_t)r.t * C3 + C;
-    const float* v = qkv + head + (size_t)r.t * C3 + 2 * C;
+    const size_t head = r.head;
+    const float* k = r.keys + (size_t)r.t * C3;
+    const float* v = r.values + (size_t)r.t * C3;
     const size_t stats = ((size_t)r.b * NH + r.h) * T;
 
     float k_reg[kWarpRowSlots], v_reg[kWarpRowSlots], dk[kWarpRowSlots] = {}, dv[kWarpRowSlots] = {};

@@ -131,9 +131,12 @@ struct AttentionBf16Tiles {
     static constexpr size_t backward_stats = backward_p + 2 * p_tile;
     static constexpr size_t backward_bytes = backward_stats + 2 * (size_t)cols * 4;
 
-    using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, frag, frag, frag, __nv_bfloat16, nvcuda::wmma::row_major>;
-    using FragBt = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, frag, frag, frag, __nv_bfloat16, nvcuda::wmma::col_major>;
-    using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, frag, frag, frag, __nv_bfloat16, nvcuda::wmma::row_major>;
+    // the operands: A row-major, B^T (a row-major tile read as col_major) and B, fp32 accumulators
+    template <typename Use, typename Layout>
+    using Frag = nvcuda::wmma::fragment<Use, frag, frag, frag, __nv_bfloat16, Layout>;
+    using FragA = Frag<nvcuda::wmma::matrix_a, nvcuda::wmma::row_major>;
+    using FragBt = Frag<nvcuda::wmma::matrix_b, nvcuda::wmma::col_major>;
+    using FragB = Frag<nvcuda::wmma::matrix_b, nvcuda::wmma::row_major>;
     using FragAcc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, frag, frag, frag, float>;
 };
 

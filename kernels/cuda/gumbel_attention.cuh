@@ -56,18 +56,11 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
                                                 int C, int NH, int k, int groups, int samples_per_group, float tau,
                                                 uint64_t seed, uint32_t step, int layer) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const AttentionRow row = attention_row(warp_index, T, NH);
-    const int i = T - 1 - row.t;  // the longest rows first
-    const int h = row.h, b = row.b;
-    const int n_i = i + 1;
-    const int HS = C / NH;
-    const int C3 = 3 * C;
-    const size_t head_offset = (size_t)b * T * C3 + (size_t)h * HS;
-    const float* q = qkv + head_offset + (size_t)i * C3;
-    const float* keys = qkv + head_offset + C;        // key j at j * C3
-    const float* values = qkv + head_offset + 2 * C;  // value j at j * C3
+    const WarpRow row = warp_row(qkv, warp_index, T, C, NH, /*longest_first=*/true);
+    const int i = row.t, h = row.h, b = row.b, n_i = i + 1;
+    const int HS = row.HS, C3 = row.C3;
     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
     const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
     int head = 0;
@@ -84,12 +77,13 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
         // lane L draws sample n0 + L (sample number 2 (n0 + L))
         int J = 0;
         if (lane_id < chunk)
-            J = lazy_gumbel_sample_core(q, keys, C3, HS, tau, n_i, topk, k, site, gumbel_forward_sample_number((uint32_t)(n0 + lane_id)),
-                                        max_exceeders, nullptr, nullptr);
+            J = lazy_gumbel_sample_core(row.q, row.keys, C3, HS, tau, n_i, topk, k, site,
+                                        gumbel_forward_sample_number((uint32_t)(n0 + lane_id)), max_exceeders, nullptr,
+                                        nullptr);
         // add the chunk's values in sample order; close a group after its t-th sample
         for (int u = 0; u < chunk; u++) {
             const int j = __shfl_sync(0xFFFFFFFFu, J, u);
-            const float* v_j = values + (size_t)j * C3;
+            const float* v_j = row.values + (size_t)j * C3;
             for (int s = 0; s < kWarpRowSlots; s++) {
                 const int c = lane_id + 32 * s;
                 if (c < HS) sum[s] += v_j[c];

@@ -196,19 +196,13 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                                     GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer,
                                     const int* walk_counts, const double* walk_weight) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const AttentionRow row = attention_row(warp_index, T, NH);
-    const int i = T - 1 - row.t;  // the longest rows first
-    const int h = row.h, b = row.b;
-    const int n_i = i + 1;
-    const int HS = C / NH;
-    const int C3 = 3 * C;
-    const size_t head = (size_t)b * T * C3 + (size_t)h * HS;
-    const float* q = qkv + head + (size_t)i * C3;
-    const float* keys = qkv + head + C;        // key j at j * C3
-    const float* values = qkv + head + 2 * C;  // value j at j * C3
-    const size_t row_offset = ((size_t)b * T + i) * C + (size_t)h * HS;
+    const WarpRow row = warp_row(qkv, warp_index, T, C, NH, /*longest_first=*/true);
+    const int i = row.t, h = row.h, b = row.b, n_i = i + 1;
+    const int HS = row.HS, C3 = row.C3;
+    const size_t head = row.head, row_offset = row.out;
+    const float *q = row.q, *keys = row.keys, *values = row.values;  // key and value j at j * C3
     const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
     const bool lazy = source == GradSampleSource::LazyGumbel;
 

@@ -37,61 +37,53 @@ constexpr int kSparseThreads = 256;  // 8 warps, one query row each
 __global__ void sparse_attention_forward_kernel(float* out, float* lse, const float* qkv, const int* idx,
                                                 const float* logw, int B, int T, int C, int NH, int K) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const AttentionRow row = attention_row(warp_index, T, NH);
-    const int i = row.t, h = row.h, b = row.b;
-    const int HS = C / NH;
-    const int C3 = 3 * C;
+    const WarpRow row = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = row.HS, C3 = row.C3;
     const float tau = rsqrtf((float)HS);
-    const float* head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-    const float* q = head + (size_t)i * C3;
     const int* idx_row = idx + (size_t)warp_index * K;  // warp_index = (b * NH + h) * T + i
     const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
 
     float q_reg[kWarpRowSlots];
-    warp_row_load(q_reg, q, HS, lane_id);
+    warp_row_load(q_reg, row.q, HS, lane_id);
     WarpRowSoftmax softmax;  // over the valid slots; an empty list gives out 0, lse -inf
     for (int t = 0; t < K; t++) {
         const int j = idx_row[t];
         if (j < 0) continue;  // the same j for every lane: the warp stays together
-        const float* k = head + (size_t)j * C3 + C;
-        const float* v = head + (size_t)j * C3 + 2 * C;
-        const float a = tau * warp_row_dot(q_reg, k, HS, lane_id) + (logw_row ? logw_row[t] : 0.0f);
-        softmax.add(a, v, HS, lane_id);
+        const float a =
+            tau * warp_row_dot(q_reg, row.keys + (size_t)j * C3, HS, lane_id) + (logw_row ? logw_row[t] : 0.0f);
+        softmax.add(a, row.values + (size_t)j * C3, HS, lane_id);
     }
-    softmax.write(out + ((size_t)b * T + i) * C + (size_t)h * HS, &lse[warp_index], HS, lane_id);
+    softmax.write(out + row.out, &lse[warp_index], HS, lane_id);
 }
 
 __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
                                                  const float* lse, const int* idx, const float* logw, int B, int T,
                                                  int C, int NH, int K) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;
     const float lse_i = lse[warp_index];
     if (lse_i == -INFINITY) return;  // an empty list: no gradient
-    const AttentionRow row = attention_row(warp_index, T, NH);
-    const int i = row.t, h = row.h, b = row.b;
-    const int HS = C / NH;
-    const int C3 = 3 * C;
+    const WarpRow row = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = row.HS, C3 = row.C3;
     const float tau = rsqrtf((float)HS);
-    const size_t head = (size_t)b * T * C3 + (size_t)h * HS;
-    const float* q = qkv + head + (size_t)i * C3;
-    const size_t row_offset = ((size_t)b * T + i) * C + (size_t)h * HS;
+    const size_t head = row.head;
+    const size_t row_offset = row.out;
     const int* idx_row = idx + (size_t)warp_index * K;
     const float* logw_row = logw ? logw + (size_t)warp_index * K : nullptr;
 
     float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dq[kWarpRowSlots] = {};
-    warp_row_load(q_reg, q, HS, lane_id);
+    warp_row_load(q_reg, row.q, HS, lane_id);
     warp_row_load(dy_reg, dout + row_offset, HS, lane_id);
     const float delta = warp_row_dot(dy_reg, out + row_offset, HS, lane_id);  // Delta_i = dO_i . o_i
 
     for (int t = 0; t < K; t++) {
         const int j = idx_row[t];
         if (j < 0) continue;
-        const float* k = qkv + head + (size_t)j * C3 + C;
-        const float* v = qkv + head + (size_t)j * C3 + 2 * C;
+        const float* k = row.keys + (size_t)j * C3;
+        const float* v = row.values + (size_t)j * C3;
         const float qk = warp_row_dot(q_reg, k, HS, lane_id);
         const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
         const float p = expf(tau * qk + (logw_row ? logw_row[t] : 0.0f) - lse_i);  // P_t
@@ -107,7 +99,7 @@ __global__ void sparse_attention_backward_kernel(float* dqkv, const float* dout,
             }
         }
     }
-    float* dq_out = dqkv + head + (size_t)i * C3;
+    float* dq_out = dqkv + head + (size_t)row.t * C3;
     for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += dq[s];

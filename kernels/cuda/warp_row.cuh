@@ -18,6 +18,10 @@ namespace knngpt::cuda {
 constexpr int kWarpRowSlots = kWarpRowMaxHeadSize / 32;
 static_assert(kWarpRowMaxHeadSize % 32 == 0, "whole slots");
 
+// The flat index over B*NH*T of this thread's warp, one row a warp:
+// (b * NH + h) * T + t, so also the row's index in (B, NH, T) arrays.
+__device__ __forceinline__ int warp_row_index() { return blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
+
 // Which (b, h, row t) a flat warp index over B*NH*T names.
 struct AttentionRow {
     int b, h, t;
@@ -27,6 +31,33 @@ __device__ __forceinline__ AttentionRow attention_row(int warp_index, int T, int
     r.t = warp_index % T;
     r.h = (warp_index / T) % NH;
     r.b = warp_index / (T * NH);
+    return r;
+}
+
+// A warp's row t of head h, batch b, and where the head lives: in qkv and dqkv
+// (B, T, 3C) at offset `head` (query, key and value of row j at q + j * C3,
+// keys + j * C3, values + j * C3), in out and dout (B, T, C) the row's HS
+// channels at offset `out`. longest_first hands the last rows (the longest
+// causal rows) to the first warps: t = T - 1 - the flat index's t.
+struct WarpRow {
+    int b, h, t, HS, C3;
+    size_t head, out;
+    const float *q, *keys, *values;  // the row's query; the head's keys and values
+};
+__device__ __forceinline__ WarpRow warp_row(const float* qkv, int warp_index, int T, int C, int NH,
+                                            bool longest_first = false) {
+    const AttentionRow a = attention_row(warp_index, T, NH);
+    WarpRow r;
+    r.b = a.b;
+    r.h = a.h;
+    r.t = longest_first ? T - 1 - a.t : a.t;
+    r.HS = C / NH;
+    r.C3 = 3 * C;
+    r.head = (size_t)r.b * T * r.C3 + (size_t)r.h * r.HS;
+    r.out = ((size_t)r.b * T + r.t) * C + (size_t)r.h * r.HS;
+    r.q = qkv + r.head + (size_t)r.t * r.C3;
+    r.keys = qkv + r.head + C;
+    r.values = qkv + r.head + 2 * C;
     return r;
 }
 
