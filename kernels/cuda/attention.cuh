@@ -1,70 +1,16 @@
-// kernels/cuda/attention.cuh — exact causal multi-head attention, fp32. Twin
-// of kernels/cpu/attention.h (same formulas, shapes and layout). Two versions:
-//   attention_forward / attention_backward                      tiled, flash style
-//   attention_forward_reference / attention_backward_reference  one warp per row
-// The reference version is kept simple and is what the tiled one is tested
-// against (besides the CPU twin).
-//
-// Math, for batch b, head h, query i and key j <= i, tau = 1/sqrt(HS):
-//   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} exp(s_ij),  P_ij = exp(s_ij - lse_i)
-//   o_i = sum_{j<=i} P_ij v_j
-//   backward, given dO:  Delta_i = dO_i . o_i,  dP_ij = dO_i . v_j,  dS_ij = P_ij (dP_ij - Delta_i)
-//   dQ_i += tau sum_{j<=i} dS_ij k_j,  dK_j += tau sum_{i>=j} dS_ij q_i,  dV_j += sum_{i>=j} P_ij dO_i
-//
-// Shapes: qkv/dqkv (B, T, 3C), q = channels [0, C), k = [C, 2C), v = [2C, 3C);
-// head h owns channels h*HS .. h*HS+HS-1 of each, HS = C / NH. Seen per head,
-// q, k and v are (B, NH, T, HS) with row stride 3C. out/dout (B, T, C), i.e.
-// (B, NH, T, HS) with row stride C; lse (B, NH, T), natural log. Backward
-// recomputes P from lse (nothing of size T x T is ever stored) and accumulates
-// (+=) into dqkv. Device pointers; the backward keeps a (B, NH, T) scratch for
-// Delta, grown on demand and kept for the process (no allocation per call).
-//
-// Reference design: one warp per (b, h, row); lanes stride over the head's
-// channels, so a lane holds at most kWarpRowMaxHeadSize / 32 channels of each
-// vector in registers.
-//   forward   warp per query i, online softmax over keys j <= i.
-//   backward  Delta_i per query; dQ per query warp (keys j <= i); dK, dV per
-//             key warp (queries i >= j).
-//
-// Tiled design (FlashAttention-2 style), 128 threads = 4 warps per block, one
-// block per (tile, b*NH + h) = (blockIdx.x, blockIdx.y). Kernels are templated
-// on a head-size bound MAX_HS in {64, 128} and picked at run time from HS;
-// HS > kAttentionTiledMaxHeadSize (or B * NH above the grid's 65535 rows) falls back to the
-// reference kernels. Tiles live in static shared memory, rows padded to MAX_HS + 4 floats (16-byte aligned rows for float4
-// reads; a stride of 4 mod 32 words keeps lanes that read different rows on
-// different banks). Channels [HS, HS rounded up to 4) are zero-filled, as are
-// rows past T; T and HS need not be multiples of anything.
-//   tile sizes         forward Br x Bc       backward Br x Bc    shared memory (fwd / bwd)
-//   MAX_HS = 64        64 x 32               32 x 32             42 KB / 42 KB
-//   MAX_HS = 128       16 x 32               16 x 16             43 KB / 35 KB
-//   forward   a block owns Br queries of one (b, h); Q tile (Br, HS) in shared
-//             memory for the whole block. It walks the key tiles 0, Bc, ... up
-//             to its last query (the causal limit), loading K and V tiles
-//             (Bc, HS). Warp w owns Br/4 query rows: for scores lane = key of
-//             the tile, and the row's max and sum come from warp reductions;
-//             for P V lane = channel (lane + 32 s), P passed through a (Br, Bc)
-//             shared tile. Online softmax per row: with running max m, sum l
-//             and unnormalised output o in registers, a tile with scores s_j
-//             gives m' = max(m, max_j s_j), l' = l e^(m - m') + sum_j e^(s_j - m'),
-//             o' = o e^(m - m') + sum_j e^(s_j - m') v_j. The output o / l and
-//             lse = m + log l are written once at the end. Query tiles are
-//             handed out last first, the longest ones starting earliest.
-//   backward  three kernels, no atomics, so the result is deterministic:
-//             1. Delta_i = dO_i . O_i, one warp per query (shared with the
-//                reference).
-//             2. dK, dV: a block owns Bc keys of one (b, h); K, V tiles stay in
-//                shared memory; it walks the query tiles that reach its keys
-//                (i >= first key), loading Q, dO tiles plus lse and Delta. Each
-//                thread computes P and dS for one query and Bc/(128/Br) keys
-//                and stores them transposed, (Bc, Br); then warp w accumulates
-//                dK, dV for Bc/4 keys (lane = channel) in registers. Written
-//                once, += into dqkv, at the end.
-//             3. dQ: a block owns Br queries (Q, dO, lse, Delta stay in shared
-//                memory) and walks the key tiles up to the causal limit,
-//                recomputing P and dS into a (Br, Bc) tile; warp w accumulates
-//                dQ for Br/4 queries in registers and writes it once.
-//             The only (B, NH, T)-sized buffer is Delta; P and dS exist one
-//             tile at a time in shared memory.
+// kernels/cuda/attention.cuh — exact causal multi-head attention, fp32; twin of
+// kernels/cpu/attention.h. For query i, key j <= i and tau = 1/sqrt(HS):
+//   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} exp(s_ij),  P_ij = exp(s_ij - lse_i),  o_i = sum_j P_ij v_j
+//   backward: Delta_i = dO_i . o_i,  dS_ij = P_ij (dO_i . v_j - Delta_i),
+//             dQ_i += tau sum_j dS_ij k_j,  dK_j += tau sum_i dS_ij q_i,  dV_j += sum_i P_ij dO_i
+// Shapes: qkv/dqkv (B, T, 3C), q, k, v the channels [0, C), [C, 2C), [2C, 3C), head h
+// at h*HS .. h*HS+HS-1 of each; out/dout (B, T, C); lse (B, NH, T), natural log.
+// The forward saves lse; the backward recomputes P from it (nothing T x T is
+// stored), keeps Delta in a scratch kept across calls and adds (+=) into dqkv.
+// Design: attention_forward / attention_backward are tiled, FlashAttention-2 style
+// (no atomics: deterministic) for HS <= kAttentionTiledMaxHeadSize; beyond that
+// (or for B * NH past the grid's y) they run the one-warp-per-row reference
+// kernels, which also serve as the tiled ones' test oracle.
 #pragma once
 
 #include <cstddef>
@@ -86,6 +32,9 @@ inline float* attention_delta_scratch(size_t count) {
 }
 
 // ---- reference kernels: one warp per row ---------------------------------------
+// One warp per (b, h, row) (warp_row.cuh): the forward a warp per query i, online
+// softmax over keys j <= i; the backward Delta_i per query, dQ a warp per query
+// (keys j <= i), dK and dV a warp per key (queries i >= j).
 
 __global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     const int lane_id = threadIdx.x % 32;
@@ -238,6 +187,44 @@ inline void attention_backward_reference(float* dqkv, const float* dout, const f
 }
 
 // ---- tiled kernels --------------------------------------------------------------
+// 4 warps per block, one block per (tile, b*NH + h) = (blockIdx.x, blockIdx.y).
+// Kernels take the tile shapes of a head-size bound (AttentionTiles<64> or <128>,
+// picked at run time from HS) as their template parameter. Tiles live in static
+// shared memory, rows padded to ld = MAX_HS + 4 floats (16-byte aligned rows for
+// float4 reads; a stride of 4 mod 32 words keeps lanes that read different rows on
+// different banks). Channels [HS, HS rounded up to 4) are zero-filled, as are rows
+// past T; T and HS need not be multiples of anything.
+//   tile sizes         forward Br x Bc       backward Br x Bc    shared memory (fwd / bwd)
+//   MAX_HS = 64        64 x 32               32 x 32             42 KB / 42 KB
+//   MAX_HS = 128       16 x 32               16 x 16             43 KB / 35 KB
+//   forward   a block owns Br queries of one (b, h); Q tile (Br, HS) in shared
+//             memory for the whole block. It walks the key tiles 0, Bc, ... up
+//             to its last query (the causal limit), loading K and V tiles
+//             (Bc, HS). Warp w owns Br/4 query rows: for scores lane = key of
+//             the tile, and the row's max and sum come from warp reductions;
+//             for P V lane = channel (lane + 32 s), P passed through a (Br, Bc)
+//             shared tile. Online softmax per row: with running max m, sum l
+//             and unnormalised output o in registers, a tile with scores s_j
+//             gives m' = max(m, max_j s_j), l' = l e^(m - m') + sum_j e^(s_j - m'),
+//             o' = o e^(m - m') + sum_j e^(s_j - m') v_j. The output o / l and
+//             lse = m + log l are written once at the end. Query tiles are
+//             handed out last first, the longest ones starting earliest.
+//   backward  three kernels, no atomics, so the result is deterministic:
+//             1. Delta_i = dO_i . O_i, one warp per query (shared with the
+//                reference).
+//             2. dK, dV: a block owns Bc keys of one (b, h); K, V tiles stay in
+//                shared memory; it walks the query tiles that reach its keys
+//                (i >= first key), loading Q, dO tiles plus lse and Delta. Each
+//                thread computes P and dS for one query and Bc / (128 / Br) keys
+//                and stores them transposed, (Bc, Br); then warp w accumulates
+//                dK, dV for Bc/4 keys (lane = channel) in registers. Written
+//                once, += into dqkv, at the end.
+//             3. dQ: a block owns Br queries (Q, dO, lse, Delta stay in shared
+//                memory) and walks the key tiles up to the causal limit,
+//                recomputing P and dS into a (Br, Bc) tile; warp w accumulates
+//                dQ for Br/4 queries in registers and writes it once.
+//             The only (B, NH, T)-sized buffer is Delta; P and dS exist one
+//             tile at a time in shared memory.
 
 constexpr int kAttentionTiledWarps = 4;
 constexpr int kAttentionTiledThreads = 32 * kAttentionTiledWarps;

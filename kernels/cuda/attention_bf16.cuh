@@ -1,31 +1,30 @@
 // kernels/cuda/attention_bf16.cuh — exact causal multi-head attention on tensor
-// cores: bf16 operands, fp32 accumulation (nvcuda::wmma 16x16x16 tiles). Same
-// shapes, layout and semantics as attention_forward / attention_backward of
-// kernels/cuda/attention.cuh, for head sizes HS = 16, 32, ..., 128
-// (kAttentionBf16HeadSizeStep, kAttentionBf16MaxHeadSize: head_size.cuh).
-//
-// Math, for batch b, head h, query i and key j <= i, tau = 1/sqrt(HS):
-//   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} exp(s_ij),  P_ij = exp(s_ij - lse_i)
-//   o_i = sum_{j<=i} P_ij v_j
-//   backward, given dO:  Delta_i = dO_i . o_i,  dP_ij = dO_i . v_j,  dS_ij = P_ij (dP_ij - Delta_i)
-//   dQ_i += tau sum_j dS_ij k_j,  dK_j += tau sum_i dS_ij q_i,  dV_j += sum_i P_ij dO_i
-//
-// Shapes (device pointers, all fp32 in memory): qkv/dqkv (B, T, 3C) with q, k, v
-// the channel ranges [0, C), [C, 2C), [2C, 3C); head h owns channels
-// h*HS .. h*HS+HS-1 of each. out/dout (B, T, C), lse (B, NH, T), natural log.
-// The backward recomputes P from lse and accumulates (+=) into dqkv.
-// Preconditions: HS = C / NH a multiple of 16 and at most 128 (checked on the
-// host: one line on stderr, exit(1)); T is arbitrary (tiles are padded with
-// zero rows and the padding is masked).
-//
-// Design (FlashAttention-2 style). 128 threads = 4 warps per block, one block
-// per (tile, b*NH + h) = (blockIdx.x, blockIdx.y); every warp owns 16 rows of
-// the block's 64-row tile, so all the 16 x 16 x 16 products of a warp stay on
-// its own rows. Kernels are templated on HS (8 instantiations), so fragment
-// arrays have compile-time sizes and live in registers. Tiles are in dynamic
-// shared memory (above 48 KB for the larger head sizes, hence
-// cudaFuncSetAttribute); bf16 rows are padded by 8 elements and fp32 rows by 4,
-// which keeps every wmma pointer 32-byte aligned and spreads rows over banks.
+// cores: the math, shapes, saved lse and += of attention_forward /
+// attention_backward (kernels/cuda/attention.cuh, twin of kernels/cpu/attention.h),
+// with bf16 operands and fp32 accumulation and softmax (nvcuda::wmma 16x16x16).
+// HS = C / NH a multiple of kAttentionBf16HeadSizeStep up to
+// kAttentionBf16MaxHeadSize (head_size.cuh, checked on the host); any T.
+// Design: the FlashAttention-2 tiling of attention.cuh with 64 x 64 tiles, each
+// warp owning 16 rows of its block's tile so that all its wmma products stay on
+// its own rows; kernels instantiated per HS (AttentionBf16Tiles<HS>), so the
+// fragment arrays have compile-time sizes and live in registers.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
+
+namespace knngpt::cuda {
+
+// Kernels. 128 threads = 4 warps per block, one block per (tile, b*NH + h) =
+// (blockIdx.x, blockIdx.y). Tiles are in dynamic shared memory (above 48 KB for
+// the larger head sizes, hence cudaFuncSetAttribute); bf16 rows are padded by 8
+// elements and fp32 rows by 4, which keeps every wmma pointer 32-byte aligned and
+// spreads rows over banks.
 //   forward   a block owns 64 queries; Q (64, HS) is loaded once; it walks key
 //             tiles of 64 up to its last query, loading K, V (64, HS). Warp w:
 //               S_w = Q_w K^T (16 x 64) by wmma, stored to shared fp32;
@@ -75,17 +74,6 @@
 // error <= u in each term of a convex combination of the v_j); and dV differs
 // from the fp32 dV of bf16-rounded q, k, v, dO (same lse) by at most
 // u max|dO| max_j sum_i P_ij, for the same reason.
-#pragma once
-
-#include <cstddef>
-#include <cstdio>
-#include <cstdlib>
-
-#include "kernels/cuda/attention.cuh"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/head_size.cuh"
-
-namespace knngpt::cuda {
 
 constexpr int kAttentionBf16Warps = 4;
 

@@ -1,36 +1,15 @@
 // kernels/cuda/gumbel_attention.cuh — the median-of-means lazy Gumbel attention
-// estimator, `--attn gumbel` (ALGORITHMS.md §4.4). Twin of
-// cpu::gumbel_attention_forward (kernels/cpu/gumbel_attention.h): the same samples,
-// drawn by the same sampler (lazy_gumbel_sample_core, kernels/common/lazy_gumbel.h),
-// and the same fp32 arithmetic in the same order, so the outputs agree to rounding
-// of the device's fp64 log/exp (bit for bit under the emulator).
-//
-// For every row (b, h, i), with n_i = i + 1 keys and the row's top-k list S_i:
-//   J_n         lazy Gumbel sample number 2n (even: the sampled backward uses the odd
-//               numbers) at site {seed, step, layer*NH + h, b*T + i}, n = g t + u, with
-//               the cap lazy_gumbel_default_max_exceeders(n_i - |S_i|, |S_i|)
-//   mean_g[c]   = (sum_{u=0..t-1} v_{J_{g t + u}}[c]) / t       fp32, summed in u order
-//   O_i[c]      = median_{g < r} mean_g[c]    (sorted; the mean of the two middle
-//                                              values for even r)
-// for r = groups, t = samples_per_group.
-//
-// Shapes: qkv (B, T, 3C) as in attention.h; topk_idx (B, NH, T, k), ascending key
-// indices per row, -1 padded (as causal_topk_brute writes them); out (B, T, C), head h
-// at channels h*HS. HS = C / NH <= kWarpRowMaxHeadSize, groups <= kGumbelMaxGroups,
-// 2 r t <= lazy_gumbel_sample_capacity(T). Device pointers. Nothing is saved for the
-// backward (train with --attn-grad sampled).
-//
-// Design: one warp per row (b, h, i), the longest rows scheduled first.
-//   samples  the r t samples of the row in chunks of 32: lane L draws sample n0 + L
-//            with the shared sampler (each lane on its own; samples are independent,
-//            so the lanes' walks diverge freely and never synchronise inside).
-//   means    lanes own channels c = lane + 32 s; for each sample of the chunk, in
-//            sample order, J is broadcast by __shfl_sync and every lane adds v_J[c] to
-//            its running group sum; at the end of a group the sum / t is stored as
-//            mean_g (registers and local memory: kGumbelMaxGroups x kWarpRowSlots).
-//   median   per channel, each lane sorts the r group means (insertion sort) and
-//            writes the median.
-// No exceeder / fallback statistics (the CPU twin's GumbelStats) are collected.
+// estimator, `--attn gumbel` (ALGORITHMS.md §4.4); twin of cpu::gumbel_attention_forward
+// (kernels/cpu/gumbel_attention.h): the same samples from the same sampler
+// (lazy_gumbel_sample_core, kernels/common/lazy_gumbel.h) and the same fp32 sums in
+// the same order, so the same outputs up to the device's fp64 log/exp (bit for bit
+// under the emulator). For row (b, h, i), r = groups, t = samples_per_group:
+//   J_n = lazy Gumbel sample number 2n (n < r t) on the row's top-k list S_i,
+//   mean_g = (sum_{u<t} v_{J_{g t + u}}) / t,  O_i[c] = median_{g<r} mean_g[c].
+// Shapes: qkv (B, T, 3C); topk_idx (B, NH, T, k) ascending, -1 padded; out (B, T, C).
+// HS <= kWarpRowMaxHeadSize, groups <= kGumbelMaxGroups, 2 r t <=
+// lazy_gumbel_sample_capacity(T). Nothing is saved for the backward (train with
+// --attn-grad sampled). Design: one warp per row, the longest rows first.
 #pragma once
 
 #include <cmath>
@@ -51,6 +30,21 @@ constexpr int kGumbelThreads = 256;  // 8 warps, one row each
 constexpr int kGumbelMaxGroups = 16;
 
 // ---- CUDA kernel --------------------------------------------------------------
+
+// One warp per row (b, h, i) (warp_row.cuh), the longest rows first. J_n is drawn
+// at site {seed, step, layer*NH + h, b*T + i} with the cap
+// lazy_gumbel_default_max_exceeders(n_i - |S_i|, |S_i|), n_i = i + 1 (even sample
+// numbers: the sampled backward uses the odd ones).
+//   samples  the r t samples of the row in chunks of 32: lane L draws sample n0 + L
+//            with the shared sampler (each lane on its own; samples are independent,
+//            so the lanes' walks diverge freely and never synchronise inside).
+//   means    lanes own channels c = lane + 32 s; for each sample of the chunk, in
+//            sample order, J is broadcast by __shfl_sync and every lane adds v_J[c] to
+//            its running group sum; at the end of a group the sum / t is stored as
+//            mean_g (registers and local memory: kGumbelMaxGroups x kWarpRowSlots).
+//   median   per channel, each lane sorts the r group means (insertion sort) and
+//            writes the median (the mean of the two middle values for even r).
+// No exceeder / fallback statistics (the CPU twin's GumbelStats) are collected.
 
 __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, const int* topk_idx, int B, int T,
                                                 int C, int NH, int k, int groups, int samples_per_group, float tau,

@@ -18,7 +18,7 @@ constexpr int kAttentionTiledMaxHeadSize = 128;
 
 // Tensor-core attention (attention_bf16.cuh): HS a multiple of the wmma tile's
 // 16 channels, up to 128, where a warp's dK and dV accumulators take 128
-// registers a lane and the backward 121 KB of shared memory.
+// registers a lane and the backward 120 KB of shared memory.
 constexpr int kAttentionBf16HeadSizeStep = 16;
 constexpr int kAttentionBf16MaxHeadSize = 128;
 

@@ -1,8 +1,39 @@
 // kernels/cuda/sampled_grad.cuh — sampled gradients of EXACT causal attention,
-// `--attn-grad sampled`, with row-wise or signed-start dV (`--attn-grad-dv signed`).
-// Twin of cpu::sampled_attention_backward (kernels/cpu/sampled_grad.h, ALGORITHMS.md
-// §5) for both sample sources: the same samples, walk starts and terms.
-//
+// `--attn-grad sampled`, with row-wise or signed-start dV (`--attn-grad-dv signed`);
+// twin of cpu::sampled_attention_backward (kernels/cpu/sampled_grad.h, ALGORITHMS.md
+// §5) for both sample sources: the same samples, walk starts and terms. For row
+// (b, h, i), samples J_m ~ P_i (m < s, from the exact row or by lazy Gumbel on the
+// top-k list) and Delta_i = dO_i . O_i (fp64, from the given out):
+//   coef = tau (dO_i . v_J - Delta_i) / s,  dQ_i += coef k_J,  dK_J += coef q_i,  dV_J += dO_i / s
+// (signed-start dV replaces the last term by the CPU's walks down each column of dO).
+// Shapes: qkv/dqkv (B, T, 3C); dout, out (B, T, C); topk_idx (B, NH, T, k) ascending,
+// -1 padded (LazyGumbel only); HS <= kWarpRowMaxHeadSize. Device pointers. Adds (+=)
+// into dqkv; saves nothing. Design: one warp per row, the longest rows first, after
+// (signed-start dV only) a walk-start kernel with one warp per column of dO; dK and
+// dV by float atomicAdd (so not bit-reproducible), dQ reproducible.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/common/attention_params.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
+#include "kernels/common/lazy_gumbel.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
+
+namespace knngpt::cuda {
+
+using knngpt::GradSampleSource;
+
+constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
+
+// ---- samples and terms, as the CPU twin computes them ------------------------
 // For every row (b, h, i), with n_i = i + 1 keys, backward sample m (0 <= m < s) is
 // J_m ~ P_i (the causal softmax row), from one of two sources at site
 // {seed, step, layer*NH + h, b*T + i}:
@@ -30,13 +61,9 @@
 // Row i then draws count_i = max(s, max_c W_ic) samples J_0, J_1, ... (the row-wise
 // sequence, longer), uses J_0..J_{s-1} for dQ and dK as above, and for every column c
 // adds (x_ic > 0 ? l1 / N : -l1 / N) to dV_{J_m, c} for m < W_ic.
-//
-// Shapes: qkv/dqkv (B, T, 3C) as in attention.h (q, k, v of head h at channels h*HS of
-// their C-wide section); dout, out (B, T, C), head h at channels h*HS; topk_idx
-// (B, NH, T, k) ascending, -1 padded (LazyGumbel only). HS = C / NH <=
-// kWarpRowMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
-//
-// Design: one warp per row (b, h, i), the longest rows scheduled first, after (for
+
+// ---- design --------------------------------------------------------------------
+// One warp per row (b, h, i), the longest rows scheduled first, after (for
 // signed-start dV only) a walk-start kernel.
 // Walk starts: one warp per column (b, h, c). Every lane adds the column's |x_i| in i
 //   order (broadcast by shuffles, as pass 2 below), so the running sums are the CPU's
@@ -62,8 +89,8 @@
 //   O((2 + ceil(s/32)) n_i HS / 32) per lane for the samples.
 // LazyGumbel: for each chunk of 32 samples, lane L draws sample m0 + L with the shared
 //   sampler, on its own (the lanes' walks diverge and never synchronise inside).
-// Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels (as
-//   in sparse_attention.cuh): for each sample, dO_i . v_J by a warp sum; dQ_i collects in
+// Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels
+//   (warp_row.cuh): for each sample, dO_i . v_J by a warp sum; dQ_i collects in
 //   fp64 registers and is added once; dK_J and dV_J go to dqkv by float atomicAdd, since
 //   any row may sample any key. The order of those additions varies from run to run, so
 //   dK and dV are not bit-reproducible, and they differ from the CPU's fp64 per-head sums
@@ -82,32 +109,6 @@
 // two Gumbel-perturbed scores nearly tie; under the emulator every pick is the CPU's.
 // The walk starts use only additions, a product and comparisons, so they are the CPU's
 // natively too.
-//
-// Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
-// (sampled_grad_draws_fit, kernels/common/draws.h, as the CPU twin requires), head size
-// past kWarpRowMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
-// statistics (the CPU twin's GumbelStats) are collected.
-#pragma once
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-
-#include "kernels/common/attention_params.h"
-#include "kernels/common/attention_score.h"
-#include "kernels/common/draws.h"
-#include "kernels/common/lazy_gumbel.h"
-#include "kernels/cuda/common.cuh"
-#include "kernels/cuda/warp_row.cuh"
-
-namespace knngpt::cuda {
-
-using knngpt::GradSampleSource;
-
-constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 
 // The signed-start dV's scratch: the running sums cdf (B, NH, HS, T) in fp64, the walk
 // weights (B, NH, HS) in fp64 and the walk counts (B, NH, T, HS), in one DeviceScratch.
@@ -133,7 +134,6 @@ __device__ __forceinline__ double sampled_grad_weight(const float* q, const floa
     return exp((double)attention_score(q, k, HS, tau) - row_max);
 }
 
-// The largest value over the 32 lanes of a full warp, every lane gets it.
 // ---- CUDA kernels -------------------------------------------------------------
 
 // One warp per column (b, h, c) of dO (x_i = dO[b, i, h*HS + c]): the running sums of
@@ -335,6 +335,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
 
 // ---- host launcher ------------------------------------------------------------
 
+// Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
+// (sampled_grad_draws_fit, kernels/common/draws.h, as the CPU twin requires), head size
+// past kWarpRowMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
+// statistics (the CPU twin's GumbelStats) are collected.
 // topk_idx and k are only used by the LazyGumbel source.
 inline void sampled_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,

@@ -1,23 +1,15 @@
 // kernels/cuda/sparse_attention.cuh — softmax attention over per-query key lists
-// with log-weights, fp32. Twin of kernels/cpu/sparse_attention.h (same formulas,
-// shapes and layout; see its header comment):
-//   a_t = tau q_i . k_{j_t} + logw_t (j_t = idx[b,h,i,t], -1 slots skipped, logw may be nullptr),
-//   lse_i = log sum_t exp(a_t), P_t = exp(a_t - lse_i), o_i = sum_t P_t v_{j_t};
-//   a list with no valid slot gives o_i = 0, lse_i = -inf and no gradient.
-//
-// Shapes: qkv/dqkv (B, T, 3C); out/dout (B, T, C); lse (B, NH, T);
-// idx, logw (B, NH, T, K). HS = C / NH <= kWarpRowMaxHeadSize. Device pointers.
-// Backward recomputes P_t from lse and accumulates (+=) into dqkv.
-//
-// Design: one warp per (b, h, i), lanes striding over the head's channels (as in
-// attention.cuh), the slots of the list walked in order.
-//   forward   online softmax over the valid slots.
-//   backward  one kernel: the query's warp computes Delta_i = dO_i . o_i, then per
-//             slot dS_t = P_t (dO_i . v_j - Delta_i); dQ_i collects in registers and
-//             is added once, dK_j += tau dS_t q_i and dV_j += P_t dO_i go straight to
-//             dqkv with float atomicAdd, since any query may list any key. The order
-//             of those additions varies from run to run, so dK and dV are not
-//             bit-deterministic (they agree to fp32 rounding); dQ is.
+// with log-weights, fp32; twin of kernels/cpu/sparse_attention.h (same formulas,
+// shapes and layout). With j_t = idx[b,h,i,t] (-1 slots skipped; logw may be nullptr):
+//   a_t = tau q_i . k_{j_t} + logw_t,  lse_i = log sum_t exp(a_t),  P_t = exp(a_t - lse_i),
+//   o_i = sum_t P_t v_{j_t};  a list with no valid slot gives o_i = 0, lse_i = -inf, no gradient.
+// Shapes: qkv/dqkv (B, T, 3C); out/dout (B, T, C); lse (B, NH, T); idx, logw
+// (B, NH, T, K); HS = C / NH <= kWarpRowMaxHeadSize. Device pointers. The forward
+// saves lse; the backward recomputes P_t from it and adds (+=) into dqkv.
+// Design: one warp per (b, h, i) (warp_row.cuh), the slots walked in order. The
+// backward is one kernel: Delta_i = dO_i . o_i by the query's warp, dQ_i collected
+// in registers, dK and dV added by float atomicAdd since any query may list any
+// key, so dK and dV are not bit-deterministic (they agree to fp32 rounding); dQ is.
 #pragma once
 
 #include <cmath>
