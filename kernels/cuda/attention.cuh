@@ -1,39 +1,200 @@
-// kernels/cuda/attention.cuh — exact causal multi-head attention, fp32. Twin
-// of kernels/cpu/attention.h (same formulas, shapes and layout). Two versions:
-//   attention_forward / attention_backward                      tiled, flash style
-//   attention_forward_reference / attention_backward_reference  one warp per row
-// The reference version is kept simple and is what the tiled one is tested
-// against (besides the CPU twin).
-//
-// Math, for batch b, head h, query i and key j <= i, tau = 1/sqrt(HS):
-//   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} exp(s_ij),  P_ij = exp(s_ij - lse_i)
-//   o_i = sum_{j<=i} P_ij v_j
-//   backward, given dO:  Delta_i = dO_i . o_i,  dP_ij = dO_i . v_j,  dS_ij = P_ij (dP_ij - Delta_i)
-//   dQ_i += tau sum_{j<=i} dS_ij k_j,  dK_j += tau sum_{i>=j} dS_ij q_i,  dV_j += sum_{i>=j} P_ij dO_i
-//
-// Shapes: qkv/dqkv (B, T, 3C), q = channels [0, C), k = [C, 2C), v = [2C, 3C);
-// head h owns channels h*HS .. h*HS+HS-1 of each, HS = C / NH. Seen per head,
-// q, k and v are (B, NH, T, HS) with row stride 3C. out/dout (B, T, C), i.e.
-// (B, NH, T, HS) with row stride C; lse (B, NH, T), natural log. Backward
-// recomputes P from lse (nothing of size T x T is ever stored) and accumulates
-// (+=) into dqkv. Device pointers; the backward keeps a (B, NH, T) scratch for
-// Delta, grown on demand and kept for the process (no allocation per call).
-//
-// Reference design: one warp per (b, h, row); lanes stride over the head's
-// channels, so a lane holds at most kAttentionMaxHeadSize / 32 channels of each
-// vector in registers.
-//   forward   warp per query i, online softmax over keys j <= i.
-//   backward  Delta_i per query; dQ per query warp (keys j <= i); dK, dV per
-//             key warp (queries i >= j).
-//
-// Tiled design (FlashAttention-2 style), 128 threads = 4 warps per block, one
-// block per (tile, b*NH + h) = (blockIdx.x, blockIdx.y). Kernels are templated
-// on a head-size bound MAX_HS in {64, 128} and picked at run time from HS;
-// HS > 128 (or B * NH above the grid's 65535 rows) falls back to the
-// reference kernels. Tiles live in static shared memory, rows padded to MAX_HS + 4 floats (16-byte aligned rows for float4
-// reads; a stride of 4 mod 32 words keeps lanes that read different rows on
-// different banks). Channels [HS, HS rounded up to 4) are zero-filled, as are
-// rows past T; T and HS need not be multiples of anything.
+// kernels/cuda/attention.cuh — exact causal multi-head attention, fp32; twin of
+// kernels/cpu/attention.h. For query i, key j <= i and tau = 1/sqrt(HS):
+//   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} exp(s_ij),  P_ij = exp(s_ij - lse_i),  o_i = sum_j P_ij v_j
+//   backward: Delta_i = dO_i . o_i,  dS_ij = P_ij (dO_i . v_j - Delta_i),
+//             dQ_i += tau sum_j dS_ij k_j,  dK_j += tau sum_i dS_ij q_i,  dV_j += sum_i P_ij dO_i
+// Shapes: qkv/dqkv (B, T, 3C), q, k, v the channels [0, C), [C, 2C), [2C, 3C), head h
+// at h*HS .. h*HS+HS-1 of each; out/dout (B, T, C); lse (B, NH, T), natural log.
+// The forward saves lse; the backward recomputes P from it (nothing T x T is
+// stored), keeps Delta in a scratch kept across calls and adds (+=) into dqkv.
+// Design: attention_forward / attention_backward are tiled, FlashAttention-2 style
+// (no atomics: deterministic) for HS <= kAttentionTiledMaxHeadSize; beyond that
+// (or for B * NH past the grid's y) they run the one-warp-per-row reference
+// kernels, which also serve as the tiled ones' test oracle.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+
+include "kernels/common/attention_score.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
+#include "kernels/cuda/warp_row.cuh"
+
+namespace knngpt::cuda {
+
+constexpr int kAttentionThreads = 256;  // reference kernels: 8 warps, 8 rows per block
+
+// The backward's Delta (B, NH, T), in a scratch kept across calls.
+inline float* attention_delta_scratch(size_t count) {
+    static DeviceScratch scratch;
+    return static_cast<float*>(scratch.get(count * sizeof(float)));
+}
+
+// ---- reference kernels: one warp per row ---------------------------------------
+// One warp per (b, h, row) (warp_row.cuh): the forward a warp per query i, online
+// softmax over keys j <= i; the backward Delta_i per query, dQ a warp per query
+// (keys j <= i), dK and dV a warp per key (queries i >= j).
+
+__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = warp_row_index();
+    if (warp_index >= B * NH * T) return;  // whole warps leave together
+    const WarpRow r = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = r.HS, C3 = r.C3;
+    const float tau = attention_tau(HS);
+
+    float q_reg[kWarpRowSlots];
+    warp_row_load(q_reg, r.q, HS, lane_id);
+    WarpRowSoftmax softmax;  // over keys j <= i
+    for (int j = 0; j <= r.t; j++)
+        softmax.add(tau * warp_row_dot(q_reg, r.keys + (size_t)j * C3, HS, lane_id), r.values + (size_t)j * C3, HS,
+                    lane_id);
+    softmax.write(out + r.out, &lse[warp_index], HS, lane_id);
+}
+
+// delta (B, NH, T): Delta_i = dO_i . O_i, one warp per query.
+__global__ void attention_backward_delta_kernel(float* delta, const float* dout, const float* out, int B, int T,
+                                                int C, int NH) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = warp_row_index();
+    if (warp_index >= B * NH * T) return;
+    const AttentionRow r = attention_row(warp_index, T, NH);
+    const int HS = C / NH;
+    const size_t offset = ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS;
+    float dot = 0.0f;
+    for (int c = lane_id; c < HS; c += 32) dot += dout[offset + c] * out[offset + c];
+    dot = warp_reduce_sum(dot);
+    if (lane_id == 0) delta[warp_index] = dot;
+}
+
+// dQ_i += tau sum_{j<=i} dS_ij k_j, one warp per query i.
+__global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                             const float* delta, int B, int T, int C, int NH) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = warp_row_index();
+    if (warp_index >= B * NH * T) return;
+    const WarpRow r = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = r.HS, C3 = r.C3;
+    const float tau = attention_tau(HS);
+    const float lse_i = lse[warp_index], delta_i = delta[warp_index];
+
+    float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dq[kWarpRowSlots] = {};
+    warp_row_load(q_reg, r.q, HS, lane_id);
+    warp_row_load(dy_reg, dout + r.out, HS, lane_id);
+    for (int j = 0; j <= r.t; j++) {
+        const float* k = r.keys + (size_t)j * C3;
+        const float* v = r.values + (size_t)j * C3;
+        const float qk = warp_row_dot(q_reg, k, HS, lane_id);
+        const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
+        const float p = expf(tau * qk - lse_i);  // P_ij
+        const float ds = p * (dp - delta_i);     // dS_ij
+        for (int s = 0; s < kWarpRowSlots; s++) {
+            const int c = lane_id + 32 * s;
+            if (c < HS) dq[s] += ds * k[c];
+        }
+    }
+    float* dq_out = dqkv + r.head + (size_t)r.t * C3;
+    for (int s = 0; s < kWarpRowSlots; s++) {
+        const int c = lane_id + 32 * s;
+        if (c < HS) dq_out[c] += tau * dq[s];
+    }
+}
+
+// dV_j += sum_{i>=j} P_ij dO_i and dK_j += tau sum_{i>=j} dS_ij q_i, one warp per key j.
+__global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                                              const float* delta, int B, int T, int C, int NH) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = warp_row_index();
+    if (warp_index >= B * NH * T) return;
+    const WarpRow r = warp_row(qkv, warp_index, T, C, NH);
+    const int HS = r.HS, C3 = r.C3;
+    const float tau = attention_tau(HS);
+    const size_t head = r.head;
+    const float* k = r.keys + (size_t)r.t * C3;
+    const float* v = r.values + (size_t)r.t * C3;
+    const size_t stats = ((size_t)r.b * NH + r.h) * T;
+
+    float k_reg[kWarpRowSlots], v_reg[kWarpRowSlots], dk[kWarpRowSlots] = {}, dv[kWarpRowSlots] = {};
+    warp_row_load(k_reg, k, HS, lane_id);
+    warp_row_load(v_reg, v, HS, lane_id);
+    for (int i = r.t; i < T; i++) {
+        const float* q = qkv + head + (size_t)i * C3;
+        const float* dy = dout + ((size_t)r.b * T + i) * C + (size_t)r.h * HS;
+        const float qk = warp_row_dot(k_reg, q, HS, lane_id);
+        const float dp = warp_row_dot(v_reg, dy, HS, lane_id);
+        const float p = expf(tau * qk - lse[stats + i]);  // P_ij
+        const float ds = p * (dp - delta[stats + i]);     // dS_ij
+        for (int s = 0; s < kWarpRowSlots; s++) {
+            const int c = lane_id + 32 * s;
+            if (c < HS) {
+                dv[s] += p * dy[c];
+                dk[s] += ds * q[c];
+            }
+        }
+    }
+    float* dk_out = dqkv + head + (size_t)r.t * C3 + C;
+    float* dv_out = dqkv + head + (size_t)r.t * C3 + 2 * C;
+    for (int s = 0; s < kWarpRowSlots; s++) {
+        const int c = lane_id + 32 * s;
+        if (c < HS) {
+            dk_out[c] += tau * dk[s];
+            dv_out[c] += dv[s];
+        }
+    }
+}
+
+// ---- reference host launchers -------------------------------------------------
+
+// HS beyond kWarpRowMaxHeadSize would not fit the lanes' register slots.
+inline void attention_check_head_size(int C, int NH) {
+    if (C / NH > kWarpRowMaxHeadSize) {
+        std::fprintf(stderr, "attention: head size %d exceeds %d\n", C / NH, kWarpRowMaxHeadSize);
+        std::exit(1);
+    }
+}
+
+inline void attention_forward_reference(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+    const int rows = B * NH * T;
+    if (rows == 0) return;
+    attention_check_head_size(C, NH);
+    const int rows_per_block = kAttentionThreads / 32;
+    launch(attention_forward_kernel, ceil_div(rows, rows_per_block), kAttentionThreads, 0, nullptr, out, lse, qkv,
+           B, T, C, NH);
+}
+
+// Delta (B, NH, T) from dout and the forward's out, into the scratch of
+// attention_delta_scratch; every backward starts with it.
+inline const float* attention_backward_delta(const float* dout, const float* out, int B, int T, int C, int NH) {
+    const int rows = B * NH * T;
+    float* delta = attention_delta_scratch((size_t)rows);
+    launch(attention_backward_delta_kernel, ceil_div(rows, kAttentionThreads / 32), kAttentionThreads, 0, nullptr,
+           delta, dout, out, B, T, C, NH);
+    return delta;
+}
+
+inline void attention_backward_reference(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                         const float* lse, int B, int T, int C, int NH) {
+    const int rows = B * NH * T;
+    if (rows == 0) return;
+    attention_check_head_size(C, NH);
+    const int blocks = ceil_div(rows, kAttentionThreads / 32);
+    const float* delta = attention_backward_delta(dout, out, B, T, C, NH);
+    launch(attention_backward_dq_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
+           C, NH);
+    launch(attention_backward_dkv_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
+           C, NH);
+}
+
+// ---- tiled kernels --------------------------------------------------------------
+// 4 warps per block, one block per (tile, b*NH + h) = (blockIdx.x, blockIdx.y).
+// Kernels take the tile shapes of a head-size bound (AttentionTiles<64> or <128>,
+// picked at run time from HS) as their template parameter. Tiles live in static
+// shared memory, rows padded to ld = MAX_HS + 4 floats (16-byte aligned rows for
+// float4 reads; a stride of 4 mod 32 words keeps lanes that read different rows on
+// different banks). Channels [HS, HS rounded up to 4) are zero-filled, as are rows
+// past T; T and HS need not be multiples of anything.
 //   tile sizes         forward Br x Bc       backward Br x Bc    shared memory (fwd / bwd)
 //   MAX_HS = 64        64 x 32               32 x 32             42 KB / 42 KB
 //   MAX_HS = 128       16 x 32               16 x 16             43 KB / 35 KB
@@ -55,7 +216,7 @@
 //             2. dK, dV: a block owns Bc keys of one (b, h); K, V tiles stay in
 //                shared memory; it walks the query tiles that reach its keys
 //                (i >= first key), loading Q, dO tiles plus lse and Delta. Each
-//                thread computes P and dS for one query and Bc/(128/Br) keys
+//                thread computes P and dS for one query and Bc / (128 / Br) keys
 //                and stores them transposed, (Bc, Br); then warp w accumulates
 //                dK, dV for Bc/4 keys (lane = channel) in registers. Written
 //                once, += into dqkv, at the end.
@@ -65,260 +226,70 @@
 //                dQ for Br/4 queries in registers and writes it once.
 //             The only (B, NH, T)-sized buffer is Delta; P and dS exist one
 //             tile at a time in shared memory.
-#pragma once
-
-#include <cstddef>
-#include <cstdio>
-#include <cstdlib>
-
-#include "kernels/cuda/common.cuh"
-
-namespace knngpt::cuda {
-
-constexpr int kAttentionThreads = 256;      // 8 warps, 8 rows per block
-constexpr int kAttentionMaxHeadSize = 256;  // HS limit: 8 register slots per lane
-constexpr int kAttentionSlots = kAttentionMaxHeadSize / 32;
-
-// ---- one warp per row: the pieces such kernels share ---------------------------
-// (this file's reference kernels and sparse_attention.cuh). Lane `lane` holds
-// channels c = lane + 32 s, s < kAttentionSlots, of a row vector in registers;
-// slots with c >= HS hold 0.
-
-__device__ __forceinline__ void warp_row_load(float (&reg)[kAttentionSlots], const float* x, int HS, int lane) {
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane + 32 * s;
-        reg[s] = c < HS ? x[c] : 0.0f;
-    }
-}
-
-// sum_c reg_c y_c over the HS channels, every lane gets it.
-__device__ __forceinline__ float warp_row_dot(const float (&reg)[kAttentionSlots], const float* y, int HS, int lane) {
-    float dot = 0.0f;
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane + 32 * s;
-        if (c < HS) dot += reg[s] * y[c];
-    }
-    return warp_reduce_sum(dot);
-}
-
-// Online softmax of one row. After scores a_1..a_n with values v_1..v_n, with
-// m the running max, l the running sum and o the running (unnormalised) output:
-//   m' = max(m, a),  l' = l exp(m - m') + exp(a - m'),  o' = o exp(m - m') + exp(a - m') v
-// and at the end out = o / l, lse = m + log l. A row that saw no score (l = 0)
-// gives out = 0 and lse = -inf.
-struct WarpRowSoftmax {
-    float m = -INFINITY, l = 0.0f;
-    float o[kAttentionSlots] = {};
-
-    __device__ __forceinline__ void add(float score, const float* v, int HS, int lane) {
-        const float m_new = fmaxf(m, score);
-        const float rescale = m == -INFINITY ? 0.0f : expf(m - m_new);
-        const float p = expf(score - m_new);
-        l = l * rescale + p;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane + 32 * s;
-            if (c < HS) o[s] = o[s] * rescale + p * v[c];
-        }
-        m = m_new;
-    }
-
-    // out (HS channels) and, from lane 0, *lse
-    __device__ __forceinline__ void write(float* out, float* lse, int HS, int lane) const {
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane + 32 * s;
-            if (c < HS) out[c] = o[s] * inv_l;
-        }
-        if (lane == 0) *lse = l > 0.0f ? m + logf(l) : -INFINITY;
-    }
-};
-
-// The backward's Delta (B, NH, T), in a scratch kept across calls.
-inline float* attention_delta_scratch(size_t count) {
-    static DeviceScratch scratch;
-    return static_cast<float*>(scratch.get(count * sizeof(float)));
-}
-
-// ---- reference kernels: one warp per row ---------------------------------------
-
-
-__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const int C3 = 3 * C;
-    const float tau = rsqrtf((float)HS);
-    const float* base = qkv + (size_t)r.b * T * C3 + (size_t)r.h * HS;
-    const float* q = base + (size_t)r.t * C3;
-
-    float q_reg[kAttentionSlots];
-    warp_row_load(q_reg, q, HS, lane_id);
-    WarpRowSoftmax softmax;  // over keys j <= i
-    for (int j = 0; j <= r.t; j++) {
-        const float* k = base + (size_t)j * C3 + C;
-        const float* v = base + (size_t)j * C3 + 2 * C;
-        softmax.add(tau * warp_row_dot(q_reg, k, HS, lane_id), v, HS, lane_id);
-    }
-    softmax.write(out + ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS, &lse[((size_t)r.b * NH + r.h) * T + r.t], HS,
-                  lane_id);
-}
-
-// delta (B, NH, T): Delta_i = dO_i . O_i, one warp per query.
-__global__ void attention_backward_delta_kernel(float* delta, const float* dout, const float* out, int B, int T,
-                                                int C, int NH) {
-    const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (warp_index >= B * NH * T) return;
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const size_t offset = ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS;
-    float dot = 0.0f;
-    for (int c = lane_id; c < HS; c += 32) dot += dout[offset + c] * out[offset + c];
-    dot = warp_reduce_sum(dot);
-    if (lane_id == 0) delta[((size_t)r.b * NH + r.h) * T + r.t] = dot;
-}
-
-// dQ_i += tau sum_{j<=i} dS_ij k_j, one warp per query i.
-__global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                             const float* delta, int B, int T, int C, int NH) {
-    const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (warp_index >= B * NH * T) return;
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const int C3 = 3 * C;
-    const float tau = rsqrtf((float)HS);
-    const size_t head = (size_t)r.b * T * C3 + (size_t)r.h * HS;
-    const float* q = qkv + head + (size_t)r.t * C3;
-    const float* dy = dout + ((size_t)r.b * T + r.t) * C + (size_t)r.h * HS;
-    const size_t stat = ((size_t)r.b * NH + r.h) * T + r.t;
-    const float lse_i = lse[stat], delta_i = delta[stat];
-
-    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dq[kAttentionSlots] = {};
-    warp_row_load(q_reg, q, HS, lane_id);
-    warp_row_load(dy_reg, dy, HS, lane_id);
-    for (int j = 0; j <= r.t; j++) {
-        const float* k = qkv + head + (size_t)j * C3 + C;
-        const float* v = qkv + head + (size_t)j * C3 + 2 * C;
-        const float qk = warp_row_dot(q_reg, k, HS, lane_id);
-        const float dp = warp_row_dot(dy_reg, v, HS, lane_id);
-        const float p = expf(tau * qk - lse_i);  // P_ij
-        const float ds = p * (dp - delta_i);     // dS_ij
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) dq[s] += ds * k[c];
-        }
-    }
-    float* dq_out = dqkv + head + (size_t)r.t * C3;
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane_id + 32 * s;
-        if (c < HS) dq_out[c] += tau * dq[s];
-    }
-}
-
-// dV_j += sum_{i>=j} P_ij dO_i and dK_j += tau sum_{i>=j} dS_ij q_i, one warp per key j.
-__global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                                              const float* delta, int B, int T, int C, int NH) {
-    const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (warp_index >= B * NH * T) return;
-    const AttentionRow r = attention_row(warp_index, T, NH);
-    const int HS = C / NH;
-    const int C3 = 3 * C;
-    const float tau = rsqrtf((float)HS);
-    const size_t head = (size_t)r.b * T * C3 + (size_t)r.h * HS;
-    const float* k = qkv + head + (size_t)r.t * C3 + C;
-    const float* v = qkv + head + (size_t)r.t * C3 + 2 * C;
-    const size_t stats = ((size_t)r.b * NH + r.h) * T;
-
-    float k_reg[kAttentionSlots], v_reg[kAttentionSlots], dk[kAttentionSlots] = {}, dv[kAttentionSlots] = {};
-    warp_row_load(k_reg, k, HS, lane_id);
-    warp_row_load(v_reg, v, HS, lane_id);
-    for (int i = r.t; i < T; i++) {
-        const float* q = qkv + head + (size_t)i * C3;
-        const float* dy = dout + ((size_t)r.b * T + i) * C + (size_t)r.h * HS;
-        const float qk = warp_row_dot(k_reg, q, HS, lane_id);
-        const float dp = warp_row_dot(v_reg, dy, HS, lane_id);
-        const float p = expf(tau * qk - lse[stats + i]);  // P_ij
-        const float ds = p * (dp - delta[stats + i]);     // dS_ij
-        for (int s = 0; s < kAttentionSlots; s++) {
-            const int c = lane_id + 32 * s;
-            if (c < HS) {
-                dv[s] += p * dy[c];
-                dk[s] += ds * q[c];
-            }
-        }
-    }
-    float* dk_out = dqkv + head + (size_t)r.t * C3 + C;
-    float* dv_out = dqkv + head + (size_t)r.t * C3 + 2 * C;
-    for (int s = 0; s < kAttentionSlots; s++) {
-        const int c = lane_id + 32 * s;
-        if (c < HS) {
-            dk_out[c] += tau * dk[s];
-            dv_out[c] += dv[s];
-        }
-    }
-}
-
-// ---- reference host launchers -------------------------------------------------
-
-// HS beyond kAttentionMaxHeadSize would not fit the lanes' register slots.
-inline void attention_check_head_size(int C, int NH) {
-    if (C / NH > kAttentionMaxHeadSize) {
-        std::fprintf(stderr, "attention: head size %d exceeds %d\n", C / NH, kAttentionMaxHeadSize);
-        std::exit(1);
-    }
-}
-
-inline void attention_forward_reference(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    const int rows = B * NH * T;
-    if (rows == 0) return;
-    attention_check_head_size(C, NH);
-    const int rows_per_block = kAttentionThreads / 32;
-    launch(attention_forward_kernel, ceil_div(rows, rows_per_block), kAttentionThreads, 0, nullptr, out, lse, qkv,
-           B, T, C, NH);
-}
-
-// Delta in the scratch of attention_delta_scratch.
-inline void attention_backward_reference(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                         const float* lse, int B, int T, int C, int NH) {
-    const int rows = B * NH * T;
-    if (rows == 0) return;
-    attention_check_head_size(C, NH);
-    const int rows_per_block = kAttentionThreads / 32;
-    const int blocks = ceil_div(rows, rows_per_block);
-    float* delta = attention_delta_scratch((size_t)rows);
-    launch(attention_backward_delta_kernel, blocks, kAttentionThreads, 0, nullptr, delta, dout, out, B, T, C, NH);
-    launch(attention_backward_dq_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
-           C, NH);
-    launch(attention_backward_dkv_kernel, blocks, kAttentionThreads, 0, nullptr, dqkv, dout, qkv, lse, delta, B, T,
-           C, NH);
-}
-
-// ---- tiled kernels --------------------------------------------------------------
 
 constexpr int kAttentionTiledWarps = 4;
 constexpr int kAttentionTiledThreads = 32 * kAttentionTiledWarps;
-constexpr int kAttentionForwardKeys = 32;  // Bc of the forward: one key per lane
 
-// Tile sizes per head-size bound, chosen to keep each block under 48 KB of
-// shared memory (see the table in the header comment).
+// Every tile dimension of the tiled kernels for heads of at most MAX_HS
+// channels, from the three tile sizes; the kernels take one of these as their
+// template parameter.
+template <int MAX_HS, int FORWARD_ROWS, int BACKWARD_ROWS, int BACKWARD_KEYS>
+struct AttentionTiledShape {
+    static constexpr int max_hs = MAX_HS;
+    static constexpr int warps = kAttentionTiledWarps;
+    static constexpr int threads = kAttentionTiledThreads;
+    static constexpr int slots = MAX_HS / 32;  // channels per lane: lane + 32 s
+    static constexpr int ld = MAX_HS + 4;      // row stride (floats) of a (rows, HS) tile
+
+    // forward, Br x Bc: Br queries per block, Bc = 32 keys per tile, one per lane
+    static constexpr int forward_rows = FORWARD_ROWS;
+    static constexpr int forward_keys = 32;
+    static constexpr int forward_rows_per_warp = forward_rows / warps;
+
+    // backward, Br x Bc (the dK/dV kernel owns Bc keys, the dQ kernel Br queries)
+    static constexpr int backward_rows = BACKWARD_ROWS;
+    static constexpr int backward_keys = BACKWARD_KEYS;
+    // dK, dV score step: thread -> (query, one of dkv_groups key groups); accumulation: keys per warp
+    static constexpr int dkv_groups = threads / backward_rows;
+    static constexpr int dkv_keys_per_thread = backward_keys / dkv_groups;
+    static constexpr int dkv_keys_per_warp = backward_keys / warps;
+    // dQ score step: thread -> (key, one of dq_groups query groups); accumulation: queries per warp
+    static constexpr int dq_groups = threads / backward_keys;
+    static constexpr int dq_rows_per_thread = backward_rows / dq_groups;
+    static constexpr int dq_rows_per_warp = backward_rows / warps;
+
+    // static shared memory per block, bytes: (rows, HS) tiles, (rows, keys) P / dS tiles, lse and Delta
+    static constexpr size_t forward_shared_bytes =
+        sizeof(float) * ((size_t)(forward_rows + 2 * forward_keys) * ld + forward_rows * forward_keys);
+    static constexpr size_t dkv_shared_bytes =
+        sizeof(float) * ((size_t)2 * (backward_keys + backward_rows) * ld + 2 * backward_keys * backward_rows +
+                         2 * backward_rows);
+    static constexpr size_t dq_shared_bytes =
+        sizeof(float) * ((size_t)2 * (backward_rows + backward_keys) * ld + backward_rows * backward_keys +
+                         2 * backward_rows);
+
+    static_assert(MAX_HS % 32 == 0, "whole slots");
+    static_assert(forward_rows % warps == 0, "forward: whole rows per warp");
+    static_assert(threads % backward_rows == 0 && backward_keys % dkv_groups == 0 && backward_keys % warps == 0 &&
+                      backward_rows % 4 == 0,
+                  "dK, dV tile shape");
+    static_assert(threads % backward_keys == 0 && backward_rows % dq_groups == 0 && backward_rows % warps == 0 &&
+                      backward_keys % 4 == 0,
+                  "dQ tile shape");
+    static_assert(forward_shared_bytes <= kDefaultSharedBytes && dkv_shared_bytes <= kDefaultSharedBytes &&
+                      dq_shared_bytes <= kDefaultSharedBytes,
+                  "static shared memory");
+};
+
+// The tile sizes per head-size bound (see the table in the header comment).
 template <int MAX_HS>
 struct AttentionTiles;
 template <>
-struct AttentionTiles<64> {
-    static constexpr int forward_rows = 64;    // Br, forward
-    static constexpr int backward_rows = 32;   // Br, backward
-    static constexpr int backward_keys = 32;   // Bc, backward
-};
+struct AttentionTiles<64> : AttentionTiledShape<64, 64, 32, 32> {};
 template <>
-struct AttentionTiles<128> {
-    static constexpr int forward_rows = 16;
-    static constexpr int backward_rows = 16;
-    static constexpr int backward_keys = 16;
-};
+struct AttentionTiles<128> : AttentionTiledShape<128, 16, 16, 16> {};
+static_assert(AttentionTiles<kAttentionTiledMaxHeadSize>::max_hs == kAttentionTiledMaxHeadSize,
+              "the largest bound is the tiled limit");
 
 __device__ __forceinline__ float4 attention_load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
@@ -352,19 +323,17 @@ __device__ void attention_load_row_stats(float* lse_tile, float* delta_tile, con
 }
 
 // Forward. grid (ceil(T / Br), B * NH), block kAttentionTiledThreads.
-template <int MAX_HS>
-__global__ void __launch_bounds__(kAttentionTiledThreads)
+template <class Tiles>
+__global__ void __launch_bounds__(Tiles::threads)
     attention_forward_tiled_kernel(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    constexpr int BR = AttentionTiles<MAX_HS>::forward_rows;
-    constexpr int BC = kAttentionForwardKeys;
-    constexpr int LD = MAX_HS + 4;
-    constexpr int RPW = BR / kAttentionTiledWarps;  // query rows per warp
-    constexpr int SLOTS = MAX_HS / 32;              // channels per lane: lane + 32 s
-    static_assert(BR % kAttentionTiledWarps == 0 && BC == 32, "forward tile shape");
+    constexpr int BR = Tiles::forward_rows, BC = Tiles::forward_keys, LD = Tiles::ld;
+    constexpr int RPW = Tiles::forward_rows_per_warp;  // query rows per warp
+    constexpr int SLOTS = Tiles::slots;                // channels per lane: lane + 32 s
     __align__(16) __shared__ float q_tile[BR][LD];  // (Br, HS) queries of this block
     __align__(16) __shared__ float k_tile[BC][LD];  // (Bc, HS) keys of the current tile
     __align__(16) __shared__ float v_tile[BC][LD];  // (Bc, HS) values of the current tile
     __align__(16) __shared__ float p_tile[BR][BC];  // (Br, Bc) e^(s - m'), each warp its own rows
+    static_assert(sizeof(q_tile) + sizeof(k_tile) + sizeof(v_tile) + sizeof(p_tile) == Tiles::forward_shared_bytes);
 
     (void)B;  // the grid's y covers B * NH
     const int HS = C / NH, C3 = 3 * C, HS4 = (HS + 3) / 4 * 4;
@@ -372,7 +341,7 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
     const int i0 = (gridDim.x - 1 - blockIdx.x) * BR;  // last query tile first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = warp * RPW;  // this warp's rows of the tile
-    const float tau = rsqrtf((float)HS);
+    const float tau = attention_tau(HS);
     const float* q = qkv + (size_t)b * T * C3 + (size_t)h * HS;  // (T, HS), row stride 3C
     const float* k = q + C;
     const float* v = q + 2 * C;
@@ -445,20 +414,14 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
 }
 
 // Backward, dK and dV. grid (ceil(T / Bc), B * NH), block kAttentionTiledThreads.
-template <int MAX_HS>
-__global__ void __launch_bounds__(kAttentionTiledThreads)
+template <class Tiles>
+__global__ void __launch_bounds__(Tiles::threads)
     attention_backward_dkv_tiled_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                         const float* delta, int B, int T, int C, int NH) {
-    constexpr int BR = AttentionTiles<MAX_HS>::backward_rows;
-    constexpr int BC = AttentionTiles<MAX_HS>::backward_keys;
-    constexpr int LD = MAX_HS + 4;
-    constexpr int SLOTS = MAX_HS / 32;
-    constexpr int GROUPS = kAttentionTiledThreads / BR;  // score step: thread -> (query, key group)
-    constexpr int KEYS_PER_THREAD = BC / GROUPS;         // score step: keys of a thread
-    constexpr int KPW = BC / kAttentionTiledWarps;       // accumulation: keys per warp
-    static_assert(kAttentionTiledThreads % BR == 0 && BC % GROUPS == 0 && BC % kAttentionTiledWarps == 0 &&
-                      BR % 4 == 0,
-                  "backward tile shape");
+    constexpr int BR = Tiles::backward_rows, BC = Tiles::backward_keys, LD = Tiles::ld, SLOTS = Tiles::slots;
+    constexpr int GROUPS = Tiles::dkv_groups;                    // score step: thread -> (query, key group)
+    constexpr int KEYS_PER_THREAD = Tiles::dkv_keys_per_thread;  // score step: keys of a thread
+    constexpr int KPW = Tiles::dkv_keys_per_warp;                // accumulation: keys per warp
     __align__(16) __shared__ float k_tile[BC][LD];   // (Bc, HS) this block's keys
     __align__(16) __shared__ float v_tile[BC][LD];   // (Bc, HS) this block's values
     __align__(16) __shared__ float q_tile[BR][LD];   // (Br, HS) queries of the current tile
@@ -466,13 +429,16 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
     __align__(16) __shared__ float pt_tile[BC][BR];  // (Bc, Br) P transposed
     __align__(16) __shared__ float dst_tile[BC][BR]; // (Bc, Br) dS transposed
     __shared__ float lse_tile[BR], delta_tile[BR];
+    static_assert(sizeof(k_tile) + sizeof(v_tile) + sizeof(q_tile) + sizeof(do_tile) + sizeof(pt_tile) +
+                      sizeof(dst_tile) + sizeof(lse_tile) + sizeof(delta_tile) ==
+                  Tiles::dkv_shared_bytes);
 
     (void)B;  // the grid's y covers B * NH
     const int HS = C / NH, C3 = 3 * C, HS4 = (HS + 3) / 4 * 4;
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int j0 = blockIdx.x * BC;  // first key tile (the most queries) first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float tau = rsqrtf((float)HS);
+    const float tau = attention_tau(HS);
     const size_t head = (size_t)b * T * C3 + (size_t)h * HS;
     const float* q = qkv + head;  // (T, HS), row stride 3C
     const float* k = q + C;
@@ -559,33 +525,30 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
 }
 
 // Backward, dQ. grid (ceil(T / Br), B * NH), block kAttentionTiledThreads.
-template <int MAX_HS>
-__global__ void __launch_bounds__(kAttentionTiledThreads)
+template <class Tiles>
+__global__ void __launch_bounds__(Tiles::threads)
     attention_backward_dq_tiled_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
                                        const float* delta, int B, int T, int C, int NH) {
-    constexpr int BR = AttentionTiles<MAX_HS>::backward_rows;
-    constexpr int BC = AttentionTiles<MAX_HS>::backward_keys;
-    constexpr int LD = MAX_HS + 4;
-    constexpr int SLOTS = MAX_HS / 32;
-    constexpr int GROUPS = kAttentionTiledThreads / BC;  // score step: thread -> (key, query group)
-    constexpr int ROWS_PER_THREAD = BR / GROUPS;         // score step: queries of a thread
-    constexpr int QPW = BR / kAttentionTiledWarps;       // accumulation: queries per warp
-    static_assert(kAttentionTiledThreads % BC == 0 && BR % GROUPS == 0 && BR % kAttentionTiledWarps == 0 &&
-                      BC % 4 == 0,
-                  "backward tile shape");
+    constexpr int BR = Tiles::backward_rows, BC = Tiles::backward_keys, LD = Tiles::ld, SLOTS = Tiles::slots;
+    constexpr int GROUPS = Tiles::dq_groups;                   // score step: thread -> (key, query group)
+    constexpr int ROWS_PER_THREAD = Tiles::dq_rows_per_thread;  // score step: queries of a thread
+    constexpr int QPW = Tiles::dq_rows_per_warp;               // accumulation: queries per warp
     __align__(16) __shared__ float q_tile[BR][LD];   // (Br, HS) this block's queries
     __align__(16) __shared__ float do_tile[BR][LD];  // (Br, HS) their dO
     __align__(16) __shared__ float k_tile[BC][LD];   // (Bc, HS) keys of the current tile
     __align__(16) __shared__ float v_tile[BC][LD];   // (Bc, HS) values of the current tile
     __align__(16) __shared__ float ds_tile[BR][BC];  // (Br, Bc) dS
     __shared__ float lse_tile[BR], delta_tile[BR];
+    static_assert(sizeof(q_tile) + sizeof(do_tile) + sizeof(k_tile) + sizeof(v_tile) + sizeof(ds_tile) +
+                      sizeof(lse_tile) + sizeof(delta_tile) ==
+                  Tiles::dq_shared_bytes);
 
     (void)B;  // the grid's y covers B * NH
     const int HS = C / NH, C3 = 3 * C, HS4 = (HS + 3) / 4 * 4;
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int i0 = (gridDim.x - 1 - blockIdx.x) * BR;  // last query tile first
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const float tau = rsqrtf((float)HS);
+    const float tau = attention_tau(HS);
     const size_t head = (size_t)b * T * C3 + (size_t)h * HS;
     const float* q = qkv + head;  // (T, HS), row stride 3C
     const float* k = q + C;
@@ -664,25 +627,24 @@ __global__ void __launch_bounds__(kAttentionTiledThreads)
 
 // ---- tiled host launchers -------------------------------------------------------
 
-template <int MAX_HS>
+template <class Tiles>
 void attention_forward_tiled(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-    const dim3 grid(ceil_div(T, AttentionTiles<MAX_HS>::forward_rows), B * NH);
-    launch(attention_forward_tiled_kernel<MAX_HS>, grid, kAttentionTiledThreads, 0, nullptr, out, lse, qkv, B, T, C,
-           NH);
+    const dim3 grid(ceil_div(T, Tiles::forward_rows), B * NH);
+    launch(attention_forward_tiled_kernel<Tiles>, grid, Tiles::threads, 0, nullptr, out, lse, qkv, B, T, C, NH);
 }
 
-template <int MAX_HS>
+template <class Tiles>
 void attention_backward_tiled(float* dqkv, const float* dout, const float* qkv, const float* lse, const float* delta,
                               int B, int T, int C, int NH) {
-    const dim3 dkv_grid(ceil_div(T, AttentionTiles<MAX_HS>::backward_keys), B * NH);
-    launch(attention_backward_dkv_tiled_kernel<MAX_HS>, dkv_grid, kAttentionTiledThreads, 0, nullptr, dqkv, dout, qkv,
-           lse, delta, B, T, C, NH);
-    const dim3 dq_grid(ceil_div(T, AttentionTiles<MAX_HS>::backward_rows), B * NH);
-    launch(attention_backward_dq_tiled_kernel<MAX_HS>, dq_grid, kAttentionTiledThreads, 0, nullptr, dqkv, dout, qkv,
-           lse, delta, B, T, C, NH);
+    const dim3 dkv_grid(ceil_div(T, Tiles::backward_keys), B * NH);
+    launch(attention_backward_dkv_tiled_kernel<Tiles>, dkv_grid, Tiles::threads, 0, nullptr, dqkv, dout, qkv, lse,
+           delta, B, T, C, NH);
+    const dim3 dq_grid(ceil_div(T, Tiles::backward_rows), B * NH);
+    launch(attention_backward_dq_tiled_kernel<Tiles>, dq_grid, Tiles::threads, 0, nullptr, dqkv, dout, qkv, lse,
+           delta, B, T, C, NH);
 }
 
-// Tiled forward for HS <= 128, the reference beyond.
+// Tiled forward for HS <= kAttentionTiledMaxHeadSize, the reference beyond.
 // The tiled kernels put b*NH + h on the grid's y axis, which holds at most 65535.
 constexpr int kAttentionMaxGridY = 65535;
 
@@ -691,33 +653,30 @@ inline void attention_forward(float* out, float* lse, const float* qkv, int B, i
     const int HS = C / NH;
     if (B * NH > kAttentionMaxGridY) {
         attention_forward_reference(out, lse, qkv, B, T, C, NH);
-    } else if (HS <= 64) {
-        attention_forward_tiled<64>(out, lse, qkv, B, T, C, NH);
-    } else if (HS <= 128) {
-        attention_forward_tiled<128>(out, lse, qkv, B, T, C, NH);
+    } else if (HS <= AttentionTiles<64>::max_hs) {
+        attention_forward_tiled<AttentionTiles<64>>(out, lse, qkv, B, T, C, NH);
+    } else if (HS <= AttentionTiles<128>::max_hs) {
+        attention_forward_tiled<AttentionTiles<128>>(out, lse, qkv, B, T, C, NH);
     } else {
         attention_forward_reference(out, lse, qkv, B, T, C, NH);
     }
 }
 
-// Tiled backward for HS <= 128, the reference beyond. Accumulates (+=) into dqkv.
+// Tiled backward for HS <= kAttentionTiledMaxHeadSize, the reference beyond. Accumulates (+=) into dqkv.
 inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                int B, int T, int C, int NH) {
     const int rows = B * NH * T;
     if (rows == 0) return;
     const int HS = C / NH;
-    if (HS > 128 || B * NH > kAttentionMaxGridY) {
+    if (HS > kAttentionTiledMaxHeadSize || B * NH > kAttentionMaxGridY) {
         attention_backward_reference(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
     }
-    float* delta = attention_delta_scratch((size_t)rows);
-    const int rows_per_block = kAttentionThreads / 32;
-    launch(attention_backward_delta_kernel, ceil_div(rows, rows_per_block), kAttentionThreads, 0, nullptr, delta, dout,
-           out, B, T, C, NH);
-    if (HS <= 64) {
-        attention_backward_tiled<64>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+    const float* delta = attention_backward_delta(dout, out, B, T, C, NH);
+    if (HS <= AttentionTiles<64>::max_hs) {
+        attention_backward_tiled<AttentionTiles<64>>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
     } else {
-        attention_backward_tiled<128>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
+        attention_backward_tiled<AttentionTiles<128>>(dqkv, dout, qkv, lse, delta, B, T, C, NH);
     }
 }
 

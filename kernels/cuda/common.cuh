@@ -10,8 +10,8 @@
 //   KNNGPT_DYNAMIC_SHARED(type, name)     inside a kernel: `type* name` at the block's dynamic
 //                                         shared memory
 //   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
-//   attention_row(warp, T, NH)            the (b, h, t) of a warp that owns one row of (B, NH, T)
 //   DeviceScratch                         a grow-on-demand device buffer for kernels' scratch
+//   kDefaultSharedBytes                   the shared memory a block gets without opting in (48 KB)
 //   ceil_div(a, b)
 //   launch_observer()                     an optional function every launch(...) calls first (tests)
 // Kernels launch only through launch(...), never with a raw <<<>>>.
@@ -24,6 +24,7 @@
 #include <mma.h>
 #endif
 
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
@@ -87,19 +88,6 @@ __device__ __forceinline__ int warp_reduce_max(int value) {
     return value;
 }
 
-// The attention kernels that give one warp one row of (B, NH, T): which
-// (b, h, row t) a flat warp index over B*NH*T names.
-struct AttentionRow {
-    int b, h, t;
-};
-__device__ __forceinline__ AttentionRow attention_row(int warp_index, int T, int NH) {
-    AttentionRow r;
-    r.t = warp_index % T;
-    r.h = (warp_index / T) % NH;
-    r.b = warp_index / (T * NH);
-    return r;
-}
-
 // A device buffer that grows to the largest size asked of it and is never
 // freed (like cuBLASLt's workspace): kernels' scratch, allocated once rather
 // than per call. Work on the one stream is ordered, so reusing it across calls
@@ -118,6 +106,11 @@ struct DeviceScratch {
         return ptr;
     }
 };
+
+// Shared memory a block may use without opting in: the limit of static
+// __shared__ arrays, and of dynamic shared memory unless the kernel's
+// cudaFuncAttributeMaxDynamicSharedMemorySize is raised.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
 template <typename A, typename B>
 __host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {

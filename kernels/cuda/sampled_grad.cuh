@@ -1,8 +1,39 @@
 // kernels/cuda/sampled_grad.cuh — sampled gradients of EXACT causal attention,
-// `--attn-grad sampled`, with row-wise or signed-start dV (`--attn-grad-dv signed`).
-// Twin of cpu::sampled_attention_backward (kernels/cpu/sampled_grad.h, ALGORITHMS.md
-// §5) for both sample sources: the same samples, walk starts and terms.
-//
+// `--attn-grad sampled`, with row-wise or signed-start dV (`--attn-grad-dv signed`);
+// twin of cpu::sampled_attention_backward (kernels/cpu/sampled_grad.h, ALGORITHMS.md
+// §5) for both sample sources: the same samples, walk starts and terms. For row
+// (b, h, i), samples J_m ~ P_i (m < s, from the exact row or by lazy Gumbel on the
+// top-k list) and Delta_i = dO_i . O_i (fp64, from the given out):
+//   coef = tau (dO_i . v_J - Delta_i) / s,  dQ_i += coef k_J,  dK_J += coef q_i,  dV_J += dO_i / s
+// (signed-start dV replaces the last term by the CPU's walks down each column of dO).
+// Shapes: qkv/dqkv (B, T, 3C); dout, out (B, T, C); topk_idx (B, NH, T, k) ascending,
+// -1 padded (LazyGumbel only); HS <= kWarpRowMaxHeadSize. Device pointers. Adds (+=)
+// into dqkv; saves nothing. Design: one warp per row, the longest rows first, after
+// (signed-start dV only) a walk-start kernel with one warp per column of dO; dK and
+// dV by float atomicAdd (so not bit-reproducible), dQ reproducible.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/common/attention_params.h"
+#include "kernels/common/attention_score.h"
+#include "kernels/common/draws.h"
+#include "kernels/common/lazy_gumbel.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/warp_row.cuh"
+
+namespace knngpt::cuda {
+
+using knngpt::GradSampleSource;
+
+constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
+
+// ---- samples and terms, as the CPU twin computes them ------------------------
 // For every row (b, h, i), with n_i = i + 1 keys, backward sample m (0 <= m < s) is
 // J_m ~ P_i (the causal softmax row), from one of two sources at site
 // {seed, step, layer*NH + h, b*T + i}:
@@ -31,13 +62,9 @@
 // Row i then draws count_i = max(s, max_c W_ic) samples J_0, J_1, ... (the row-wise
 // sequence, longer), uses J_0..J_{s-1} for dQ and dK as above, and for every column c
 // adds (x_ic > 0 ? l1 / N : -l1 / N) to dV_{J_m, c} for m < W_ic.
-//
-// Shapes: qkv/dqkv (B, T, 3C) as in attention.h (q, k, v of head h at channels h*HS of
-// their C-wide section); dout, out (B, T, C), head h at channels h*HS; topk_idx
-// (B, NH, T, k) ascending, -1 padded (LazyGumbel only). HS = C / NH <=
-// kAttentionMaxHeadSize. Device pointers. Accumulates (+=) into dqkv.
-//
-// Design: one warp per row (b, h, i), the longest rows scheduled first, after (for
+
+// ---- design --------------------------------------------------------------------
+// One warp per row (b, h, i), the longest rows scheduled first, after (for
 // signed-start dV only) a walk-start kernel.
 // Walk starts: one warp per column (b, h, c). Every lane adds the column's |x_i| in i
 //   order (broadcast by shuffles, as pass 2 below), so the running sums are the CPU's
@@ -63,8 +90,8 @@
 //   O((2 + ceil(s/32)) n_i HS / 32) per lane for the samples.
 // LazyGumbel: for each chunk of 32 samples, lane L draws sample m0 + L with the shared
 //   sampler, on its own (the lanes' walks diverge and never synchronise inside).
-// Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels (as
-//   in sparse_attention.cuh): for each sample, dO_i . v_J by a warp sum; dQ_i collects in
+// Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels
+//   (warp_row.cuh): for each sample, dO_i . v_J by a warp sum; dQ_i collects in
 //   fp64 registers and is added once; dK_J and dV_J go to dqkv by float atomicAdd, since
 //   any row may sample any key. The order of those additions varies from run to run, so
 //   dK and dV are not bit-reproducible, and they differ from the CPU's fp64 per-head sums
@@ -83,32 +110,6 @@
 // two Gumbel-perturbed scores nearly tie; under the emulator every pick is the CPU's.
 // The walk starts use only additions, a product and comparisons, so they are the CPU's
 // natively too.
-//
-// Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
-// (sampled_grad_draws_fit, kernels/common/draws.h, as the CPU twin requires), head size
-// past kAttentionMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
-// statistics (the CPU twin's GumbelStats) are collected.
-#pragma once
-
-#include <algorithm>
-#include <cmath>
-#include <cstddef>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-
-#include "kernels/common/attention_params.h"
-#include "kernels/common/attention_score.h"
-#include "kernels/common/draws.h"
-#include "kernels/common/lazy_gumbel.h"
-#include "kernels/cuda/attention.cuh"  // kAttentionSlots: the one-warp-per-row channel layout
-#include "kernels/cuda/common.cuh"
-
-namespace knngpt::cuda {
-
-using knngpt::GradSampleSource;
-
-constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 
 // The signed-start dV's scratch: the running sums cdf (B, NH, HS, T) in fp64, the walk
 // weights (B, NH, HS) in fp64 and the walk counts (B, NH, T, HS), in one DeviceScratch.
@@ -134,7 +135,6 @@ __device__ __forceinline__ double sampled_grad_weight(const float* q, const floa
     return exp((double)attention_score(q, k, HS, tau) - row_max);
 }
 
-// The largest value over the 32 lanes of a full warp, every lane gets it.
 // ---- CUDA kernels -------------------------------------------------------------
 
 // One warp per column (b, h, c) of dO (x_i = dO[b, i, h*HS + c]): the running sums of
@@ -197,19 +197,13 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                                     GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer,
                                     const int* walk_counts, const double* walk_weight) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const AttentionRow row = attention_row(warp_index, T, NH);
-    const int i = T - 1 - row.t;  // the longest rows first
-    const int h = row.h, b = row.b;
-    const int n_i = i + 1;
-    const int HS = C / NH;
-    const int C3 = 3 * C;
-    const size_t head = (size_t)b * T * C3 + (size_t)h * HS;
-    const float* q = qkv + head + (size_t)i * C3;
-    const float* keys = qkv + head + C;        // key j at j * C3
-    const float* values = qkv + head + 2 * C;  // value j at j * C3
-    const size_t row_offset = ((size_t)b * T + i) * C + (size_t)h * HS;
+    const WarpRow row = warp_row(qkv, warp_index, T, C, NH, /*longest_first=*/true);
+    const int i = row.t, h = row.h, b = row.b, n_i = i + 1;
+    const int HS = row.HS, C3 = row.C3;
+    const size_t head = row.head, row_offset = row.out;
+    const float *q = row.q, *keys = row.keys, *values = row.values;  // key and value j at j * C3
     const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
     const bool lazy = source == GradSampleSource::LazyGumbel;
 
@@ -237,10 +231,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     }
 
     // the row's channels: lane owns c = lane + 32 s; Delta_i = dO_i . O_i
-    float q_reg[kAttentionSlots], dy_reg[kAttentionSlots], dv_add[kAttentionSlots];
-    double dq[kAttentionSlots];
+    float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dv_add[kWarpRowSlots];
+    double dq[kWarpRowSlots];
     double delta = 0.0;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         q_reg[s] = c < HS ? q[c] : 0.0f;
         dy_reg[s] = c < HS ? dout[row_offset + c] : 0.0f;
@@ -253,10 +247,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     // signed-start dV: the walks of each of the lane's columns that start at row i, and
     // the signed weight each adds; the row draws count = max(s, most walks of a column)
     const bool signed_dv = walk_counts != nullptr;
-    int walks[kAttentionSlots];
-    float walk_add[kAttentionSlots];
+    int walks[kWarpRowSlots];
+    float walk_add[kWarpRowSlots];
     int count = samples;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         walks[s] = 0;
         walk_add[s] = 0.0f;
@@ -309,14 +303,14 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 const float* k_j = keys + (size_t)j * C3;
                 const float* v_j = values + (size_t)j * C3;
                 double dp = 0.0;  // dO_i . v_J
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) dp += (double)dy_reg[s] * v_j[c];
                 }
                 dp = warp_reduce_sum(dp);
                 const double coef = (double)tau * (dp - delta) / samples;
                 float* dk_j = dqkv + head + (size_t)j * C3 + C;
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) {
                         dq[s] += coef * k_j[c];
@@ -326,7 +320,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 }
             }
             if (signed_dv) {  // walk m of column c, if row i starts that many, lands on J_m
-                for (int s = 0; s < kAttentionSlots; s++) {
+                for (int s = 0; s < kWarpRowSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS && m < walks[s]) atomicAdd(&dv_j[c], walk_add[s]);
                 }
@@ -334,7 +328,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
         }
     }
     float* dq_out = dqkv + head + (size_t)i * C3;
-    for (int s = 0; s < kAttentionSlots; s++) {
+    for (int s = 0; s < kWarpRowSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += (float)dq[s];
     }
@@ -342,6 +336,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
 
 // ---- host launcher ------------------------------------------------------------
 
+// Errors (a one-line message and exit(1)): samples < 1 or past the draw-index capacity
+// (sampled_grad_draws_fit, kernels/common/draws.h, as the CPU twin requires), head size
+// past kWarpRowMaxHeadSize, LazyGumbel without top-k lists. No exceeder/fallback
+// statistics (the CPU twin's GumbelStats) are collected.
 // topk_idx and k are only used by the LazyGumbel source.
 inline void sampled_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
@@ -351,9 +349,9 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         std::fprintf(stderr, "sampled_attention_backward: need samples >= 1, got %d\n", samples);
         std::exit(1);
     }
-    if (NH < 1 || C % NH != 0 || C / NH > kAttentionMaxHeadSize) {
+    if (NH < 1 || C % NH != 0 || C / NH > kWarpRowMaxHeadSize) {
         std::fprintf(stderr, "sampled_attention_backward: need C %% NH == 0 and head size <= %d (got C=%d NH=%d)\n",
-                     kAttentionMaxHeadSize, C, NH);
+                     kWarpRowMaxHeadSize, C, NH);
         std::exit(1);
     }
     if (source == GradSampleSource::LazyGumbel) {

@@ -1,20 +1,37 @@
-// kernels/cuda/topk_index.cuh — exact causal top-k key search, fp32. Twin of
+// kernels/cuda/topk_index.cuh — exact causal top-k key search, fp32; twin of
 // causal_topk_brute in kernels/cpu/topk_brute.h: the same lists, bit for bit.
-//
-//   For batch b, head h and query i, with causal keys j = 0..i:
-//     score(i, j) = q_i . k_j, computed as acc = 0; for d = 0..HS-1: acc = fma(q_d, k_jd, acc)
-//     S_i         = the k keys ranked highest by (score desc, j asc)
-//   Row i of idx holds S_i sorted by ascending key index; rows with i + 1 <= k hold
-//   0..i, then -1.
-//
-// Shapes: qkv (B, T, 3C) as in attention.cuh, HS = C / NH <= kTopkMaxHeadSize;
-// idx (B, NH, T, k). Device pointers. Any k >= 1, any T.
-//
-// Design: one warp per (b, h, i), the query in shared memory; lanes stride over the
-// keys, each lane computing whole scores (the sequential fma chain above, so the
-// scores equal the CPU's bit for bit). No score buffer: the scores are recomputed
-// on every pass (O(T^2 HS) per head, like the CPU's brute force, times 5), and a
-// lane reads whole key rows, so the loads are not coalesced: a simple first version.
+// For batch b, head h and query i, with causal keys j = 0..i:
+//   score(i, j) = attention_dot(q_i, k_j) (kernels/common/attention_score.h): acc = fmaf(q_d, k_jd, acc)
+//   S_i         = the k keys ranked highest by (score desc, j asc)
+// Row i of idx holds S_i sorted by ascending key index; rows with i + 1 <= k hold
+// 0..i, then -1. Shapes: qkv (B, T, 3C) as in attention.cuh, HS = C / NH <=
+// kTopkMaxHeadSize; idx (B, NH, T, k). Device pointers. Any k >= 1, any T; inputs
+// must be finite (as for the CPU twin).
+// Design: one warp per (b, h, i), a radix select of the k-th best score, scores
+// recomputed on every pass (no score buffer): a simple first version.
+#pragma once
+
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/common/attention_score.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/head_size.cuh"
+#include "kernels/cuda/warp_row.cuh"
+
+namespace knngpt::cuda {
+
+constexpr int kTopkThreads = 256;  // 8 warps, one query row each
+constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkRadixBins = 256;  // 8 bits per pass, 4 passes
+
+// ---- CUDA kernels -------------------------------------------------------------
+// One warp per (b, h, i), the query in shared memory; lanes stride over the keys,
+// each lane computing whole scores (the sequential fma chain, so the scores equal
+// the CPU's bit for bit). The scores are recomputed on every pass (O(T^2 HS) per
+// head, like the CPU's brute force, times 5), and a lane reads whole key rows, so
+// the loads are not coalesced.
 //   select  a radix select finds the k-th best score: scores map to unsigned keys
 //           with the same order (topk_order_key), and four passes of an 8-bit
 //           histogram (shared memory, one per warp) fix the k-th best key byte by
@@ -24,27 +41,7 @@
 //           the keys above thr and the first `take` keys equal to thr (ties go to
 //           the smaller index), and writes them in index order with a warp ballot,
 //           so the row comes out sorted.
-// Only __syncwarp inside a warp; warps never wait for each other. Inputs must be
-// finite (as for the CPU twin).
-#pragma once
-
-#include <cstddef>
-#include <cstdio>
-#include <cstdlib>
-
-#include "kernels/common/attention_score.h"
-#include "kernels/cuda/common.cuh"
-
-namespace knngpt::cuda {
-
-constexpr int kTopkThreads = 256;  // 8 warps, one query row each
-constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkMaxHeadSize = 256;
-constexpr int kTopkRadixBins = 256;  // 8 bits per pass, 4 passes
-
-// ---- CUDA kernels -------------------------------------------------------------
-
-// The score of every index: attention_dot (kernels/common/attention_score.h).
+// Only __syncwarp inside a warp; warps never wait for each other.
 
 // A score as an unsigned key with the same order: for x >= 0 set the sign bit,
 // for x < 0 flip every bit. -0 is made +0 first, so equal scores give equal keys.
