@@ -51,7 +51,7 @@ inline std::string launched_kernel_name(const char* launch_text) {
 
 // The kernels a stretch of code launched, in order: count(name) counts every
 // instantiation of a kernel template ("attention_forward_tiled_kernel"),
-// count(kernel) the one instantiation (attention_forward_tiled_kernel<128>).
+// count(kernel) the one instantiation (attention_forward_tiled_kernel<AttentionTiles<128>>).
 struct Launches {
     std::vector<std::string> names;
     std::vector<const void*> kernels;
@@ -100,7 +100,7 @@ class LaunchRecord {
 
 // The kernels call() launched:
 //   const Launches launched = launches_of([&] { knngpt::cuda::attention_forward(...); });
-//   EXPECT_EQ(launched.count(knngpt::cuda::attention_forward_tiled_kernel<128>), 1) << launched.list();
+//   EXPECT_EQ(launched.count(knngpt::cuda::attention_forward_tiled_kernel<knngpt::cuda::AttentionTiles<128>>), 1) << launched.list();
 //   EXPECT_EQ(launched.count("attention_forward_kernel"), 0) << launched.list();
 template <typename Call>
 Launches launches_of(Call&& call) {

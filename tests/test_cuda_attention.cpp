@@ -177,11 +177,11 @@ template <int MAX_HS>
 void expect_tiled_kernels(const AttentionLaunches& launched) {
     const Launches& fwd = launched.forward;
     const Launches& bwd = launched.backward;
-    EXPECT_EQ(fwd.count(attention_forward_tiled_kernel<MAX_HS>), 1) << fwd.list();
+    EXPECT_EQ(fwd.count(attention_forward_tiled_kernel<knngpt::cuda::AttentionTiles<MAX_HS>>), 1) << fwd.list();
     EXPECT_EQ(fwd.size(), 1u) << fwd.list();
     EXPECT_EQ(bwd.count("attention_backward_delta_kernel"), 1) << bwd.list();
-    EXPECT_EQ(bwd.count(attention_backward_dkv_tiled_kernel<MAX_HS>), 1) << bwd.list();
-    EXPECT_EQ(bwd.count(attention_backward_dq_tiled_kernel<MAX_HS>), 1) << bwd.list();
+    EXPECT_EQ(bwd.count(attention_backward_dkv_tiled_kernel<knngpt::cuda::AttentionTiles<MAX_HS>>), 1) << bwd.list();
+    EXPECT_EQ(bwd.count(attention_backward_dq_tiled_kernel<knngpt::cuda::AttentionTiles<MAX_HS>>), 1) << bwd.list();
     EXPECT_EQ(bwd.size(), 3u) << bwd.list();
     EXPECT_EQ(fwd.count("attention_forward_kernel"), 0) << fwd.list();
     EXPECT_EQ(bwd.count("attention_backward_dq_kernel") + bwd.count("attention_backward_dkv_kernel"), 0)

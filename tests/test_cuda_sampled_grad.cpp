@@ -19,6 +19,12 @@
 //   the usual head sizes (the scores decide the samples; a 1-ulp difference would
 //   change a pick only rarely, so the backward comparison alone would not show it).
 //
+// Natively the promise is narrower (kernels/ALGORITHMS.md §11.2): equal samples for
+// every draw whose margin (kernels/common/draws.h) clears kDrawMarginOfAgreement, since
+// a GPU's fp64 exp and log may differ from glibc's in the last bit. Every comparison
+// first asserts that all of its draws clear it (on the emulator too, where the
+// assertion is about the test data), so the equality it then demands holds on both.
+//
 // Tolerance: both sides use the same samples and fp64 per-term arithmetic; dK and dV
 // differ by the float atomic additions against the CPU's fp64 per-head sums (a few ulp
 // over at most a few hundred O(1) terms), dQ by fp64 summation order only. One sample
@@ -31,6 +37,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -83,6 +90,53 @@ vector<float> cpu_backward(const Problem& p, GradSampleSource source, const vect
     return dqkv;
 }
 
+// The smallest margin (kernels/common/draws.h) of every draw the CPU backward of p
+// makes, walk starts included. The same inputs give the same samples on the emulator
+// (the same code and libm) and, natively, wherever a draw clears
+// kDrawMarginOfAgreement: the GPU's fp64 exp and log differ from glibc's by an ulp or
+// two, which can only move a comparison closer than that. So every comparison below
+// first asserts that all of its draws clear it.
+double smallest_draw_margin(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
+                            uint64_t seed, uint32_t step, int layer, bool signed_start_dv) {
+    const Shape& s = p.shape;
+    const int HS = s.HS(), C3 = 3 * s.C;
+    const float tau = knngpt::attention_tau(HS);
+    knngpt::DrawMargin margin;
+    vector<double> cdf(s.T), walk_weight(HS);
+    vector<int> walk_counts((size_t)HS * s.T), J;
+    long long exceeders = 0, fallbacks = 0;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++) {
+            const knngpt::cpu::AttentionHeadOffsets at = knngpt::cpu::attention_head_offsets(b, h, s.T, s.C, HS);
+            if (signed_start_dv)
+                knngpt::cpu::sampled_grad_walk_starts(walk_counts.data(), walk_weight.data(),
+                                                      p.dout.data() + (size_t)b * s.T * s.C + (size_t)h * HS, s.C, s.T,
+                                                      HS, samples, knngpt::head_draw_site(seed, step, layer, s.NH, h, b, s.T),
+                                                      cdf.data(), &margin);
+            for (int i = 0; i < s.T; i++) {
+                int count = samples;  // the row's draws, as the backward counts them
+                if (signed_start_dv)
+                    for (int c = 0; c < HS; c++) count = std::max(count, walk_counts[(size_t)c * s.T + i]);
+                J.resize(count);
+                const int* row_topk = topk.empty() ? nullptr : topk.data() + (((size_t)b * s.NH + h) * s.T + i) * k;
+                knngpt::cpu::sampled_grad_row_samples(J.data(), count, source, p.qkv.data() + at.q + (size_t)i * C3,
+                                                      p.qkv.data() + at.k, C3, HS, tau, i + 1, row_topk, k,
+                                                      knngpt::row_draw_site(seed, step, layer, s.NH, h, b, s.T, i),
+                                                      cdf.data(), &exceeders, &fallbacks, &margin);
+            }
+        }
+    return margin.smallest;
+}
+
+// Every draw of the comparison clears the margin of agreement (see above).
+#define ASSERT_DRAWS_CLEAR_MARGIN(...)                                                                         \
+    do {                                                                                                     \
+        const double smallest = smallest_draw_margin(__VA_ARGS__);                                           \
+        ASSERT_GT(smallest, knngpt::kDrawMarginOfAgreement)                                                  \
+            << "a draw of these inputs lies " << smallest << " from a boundary: a GPU's exp or log could "   \
+            << "decide it otherwise, so equal samples are not promised there; choose other test data";        \
+    } while (0)
+
 // the same with the CUDA kernel
 vector<float> cuda_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
                             uint64_t seed, uint32_t step, int layer, bool signed_start_dv = false) {
@@ -104,6 +158,7 @@ void expect_same_backward(const Shape& s, unsigned data_seed) {
         for (uint64_t seed : seeds) {
             const uint32_t step = 5;
             const int layer = 2;
+            ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, false);
             const vector<float> expected = cpu_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer);
             const vector<float> got = cuda_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer);
             ASSERT_EQ(got.size(), expected.size());
@@ -122,6 +177,7 @@ void expect_same_lazy_gumbel_backward(const Shape& s, unsigned data_seed) {
     for (int k : {1, 4, s.T + 2}) {
         const vector<int> topk = brute_topk(p.qkv, s, k);
         for (int samples : {1, 5, 37}) {
+            ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer, false);
             const vector<float> expected =
                 cpu_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
             const vector<float> got = cuda_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
@@ -158,6 +214,7 @@ void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
             for (uint64_t seed : seeds) {
                 const uint32_t step = 6;
                 const int layer = 1;
+                ASSERT_DRAWS_CLEAR_MARGIN(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
                 const vector<float> expected =
                     cpu_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
                 const vector<float> got = cuda_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);

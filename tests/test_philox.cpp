@@ -69,3 +69,25 @@ TEST(Philox, UniformsStayInsideTheOpenIntervalAndHaveTheRightMoments) {
     for (int c : counts) chi2 += (c - n / 10.0) * (c - n / 10.0) / (n / 10.0);
     EXPECT_LT(chi2, 27.88);
 }
+
+// DrawMargin keeps the smallest relative gap of the comparisons it saw, and how close
+// a floor's argument came to an integer; comparisons against -inf (the start of a
+// running max) and floors of inf never count.
+TEST(DrawMargin, KeepsTheClosestComparison) {
+    knngpt::DrawMargin margin;
+    EXPECT_EQ(margin.smallest, INFINITY);
+    margin.compare(0.25, -INFINITY);
+    margin.floor_of(INFINITY);
+    EXPECT_EQ(margin.smallest, INFINITY);
+    margin.compare(3.0, 2.5);  // gap 0.5 at scale 3
+    EXPECT_DOUBLE_EQ(margin.smallest, 0.5 / 3.0);
+    margin.compare(1e-3, 1e-3 + 1e-9);  // below scale 1: the absolute gap
+    EXPECT_NEAR(margin.smallest, 1e-9, 1e-15);
+    margin.compare(8.0, 7.0);  // a wider gap leaves it
+    EXPECT_NEAR(margin.smallest, 1e-9, 1e-15);
+    knngpt::DrawMargin skip;
+    skip.floor_of(41.9999999);  // 1e-7 below 42, at scale 42
+    EXPECT_NEAR(skip.smallest, 1e-7 / 41.9999999, 1e-15);
+    skip.floor_of(5.5);
+    EXPECT_NEAR(skip.smallest, 1e-7 / 41.9999999, 1e-15);
+}

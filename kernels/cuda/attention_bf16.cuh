@@ -14,8 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "kernels/common/attention_score.h"
 #include "kernels/cuda/attention.cuh"
-include "kernels/common/attention_score.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/head_size.cuh"
 

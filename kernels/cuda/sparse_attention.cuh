@@ -17,7 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-include "kernels/common/attention_score.h"
+#include "kernels/common/attention_score.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/warp_row.cuh"
 
