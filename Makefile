@@ -146,6 +146,7 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 # native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
 test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16
+	@bash tools/check_section_refs.sh
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory train_gpt && echo "train_gpt: compiled and linked with nvcc"; \
