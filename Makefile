@@ -41,7 +41,7 @@ NATIVE_TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/native/%,$(NATIVE_TEST_SRCS)
 # programs test_cuda_trainer runs, again with PORTABLE_ARCHFLAGS in place of
 # ARCHFLAGS, in a directory of their own so the main build stays as it is.
 PORTABLE  := $(BUILD)/portable
-PORTABLE_TESTS := test_topk_index test_philox test_gumbel_attention test_sampled_grad test_sparse_attention \
+PORTABLE_TESTS := test_topk_index test_philox test_draw_margin test_gumbel_attention test_sampled_grad test_sparse_attention \
                   test_cuda_knn test_cuda_gumbel test_cuda_sampled_grad test_cuda_trainer
 PORTABLE_TEST_BINS := $(addprefix $(PORTABLE)/tests/,$(PORTABLE_TESTS))
 PORTABLE_PROGRAMS  := $(addprefix $(PORTABLE)/,train_gpt_cpu prepare_data train_gpt_emu train_gpt_emu_bf16)

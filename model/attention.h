@@ -84,6 +84,62 @@ inline const char* attn_index_name(ops::TopkIndex i) {
     return "?";
 }
 
+// The rules an AttnConfig must keep, checked once here: the model refuses a
+// configuration that breaks one (gpt_set_attention), and the trainer words each in
+// terms of its flags (train/attention_flags.h).
+enum class AttnProblem {
+    None,
+    KBelowOne,                // k < 1
+    TailNegative,             // tail < 0
+    TailWithoutTailMode,      // tail > 0 but the mode is neither knn-tail nor kmv
+    KmvWithoutLightSamples,   // kmv with tail < 1
+    GradSamplesBelowOne,      // grad_samples < 1
+    GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
+    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on the approximate lsh index:
+                                // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
+    GumbelWithoutSampledGrad,   // gumbel has no exact gradient (its samples are discrete)
+    KmvNotInBuild,              // this backend has no kmv kernels
+    LshNotInBuild,              // this backend has no lsh index
+    TooManyGumbelGroups,        // more median-of-means groups than this backend's gumbel kernel holds
+};
+
+inline AttnProblem attn_config_problem(const AttnConfig& a) {
+    if (a.k < 1) return AttnProblem::KBelowOne;
+    if (a.tail < 0) return AttnProblem::TailNegative;
+    if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) return AttnProblem::TailWithoutTailMode;
+    if (a.mode == AttnMode::Kmv && a.tail < 1) return AttnProblem::KmvWithoutLightSamples;
+    if (a.grad_samples < 1) return AttnProblem::GradSamplesBelowOne;
+    if (a.gumbel_groups < 1 || a.gumbel_samples < 1) return AttnProblem::GumbelCountsBelowOne;
+    if (a.index == ops::TopkIndex::Lsh && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
+        return AttnProblem::LazyGumbelNeedsExactIndex;
+    if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact) return AttnProblem::GumbelWithoutSampledGrad;
+    const AttnCapabilities can = ops::attention_capabilities();
+    if (a.mode == AttnMode::Kmv && !can.kmv) return AttnProblem::KmvNotInBuild;
+    if (a.uses_topk_index() && a.index == ops::TopkIndex::Lsh && !can.lsh_index) return AttnProblem::LshNotInBuild;
+    if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups) return AttnProblem::TooManyGumbelGroups;
+    return AttnProblem::None;
+}
+
+// The rule a problem breaks, in the configuration's own terms (the trainer has its
+// flags' wording).
+inline const char* attn_problem_text(AttnProblem p) {
+    switch (p) {
+        case AttnProblem::None: return "none";
+        case AttnProblem::KBelowOne: return "k < 1";
+        case AttnProblem::TailNegative: return "tail < 0";
+        case AttnProblem::TailWithoutTailMode: return "tail samples with a mode other than knn-tail or kmv";
+        case AttnProblem::KmvWithoutLightSamples: return "kmv without light samples";
+        case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
+        case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
+        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on the approximate lsh index";
+        case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
+        case AttnProblem::KmvNotInBuild: return "kmv, which this build has no kernels for";
+        case AttnProblem::LshNotInBuild: return "the lsh index, which this build has no kernels for";
+        case AttnProblem::TooManyGumbelGroups: return "more gumbel groups than this build's kernel holds";
+    }
+    return "?";
+}
+
 // One line for run headers and logs.
 inline std::string attn_description(const AttnConfig& a) {
     std::string s = attn_mode_name(a.mode);

@@ -274,13 +274,14 @@ struct GPT {
 };
 
 // Sets the attention configuration, growing the per-layer key lists and the
-// top-k scratch when the mode needs more than is allocated. Which settings
-// combine is the caller's check (the trainer's: train/attention_flags.h); here
-// only counts that would make the buffers meaningless are refused.
+// top-k scratch when the mode needs more than is allocated. A configuration that
+// breaks a rule of attn_config_problem is refused (the trainer has already said
+// which of its flags did, train/attention_flags.h).
 inline void gpt_set_attention(GPT& model, const AttnConfig& attn) {
-    if (attn.k < 1 || attn.tail < 0 || attn.grad_samples < 1 || attn.gumbel_groups < 1 || attn.gumbel_samples < 1)
-        throw std::invalid_argument("gpt_set_attention: k, grad_samples, gumbel groups and samples must be >= 1 and "
-                                    "tail >= 0");
+    const AttnProblem problem = attn_config_problem(attn);
+    if (problem != AttnProblem::None)
+        throw std::invalid_argument(std::string("gpt_set_attention: attention '") + attn_description(attn) +
+                                    "' is invalid: " + attn_problem_text(problem));
     const size_t rows = (size_t)model.B * model.config.num_heads * model.T;  // (B, NH, T) per layer
     const int K = attn.list_size();
     if (K > model.attn_list_capacity) {

@@ -309,6 +309,33 @@ TEST(Model, ForwardRejectsTooLongSequencesAndBadTokens) {
     EXPECT_THROW(gpt_forward(model, tokens.data(), nullptr, 2, 8, 0), std::runtime_error);
 }
 
+// The model refuses attention settings that break a rule of attn_config_problem,
+// whoever builds them (the trainer words the same rules as flag errors).
+TEST(Model, SetAttentionRefusesInvalidConfigurations) {
+    GPTConfig c = tiny_config();
+    GPT model;
+    gpt_build(model, c, gpt_random_init(c, 1), 2, 8);
+    AttnConfig gumbel;
+    gumbel.mode = AttnMode::Gumbel;  // no exact gradient
+    AttnConfig lazy_on_lsh;
+    lazy_on_lsh.mode = AttnMode::Knn;
+    lazy_on_lsh.grad = AttnGrad::Sampled;  // lazy Gumbel samples from the knn lists
+    lazy_on_lsh.index = ops::TopkIndex::Lsh;
+    AttnConfig ignored_tail;
+    ignored_tail.mode = AttnMode::Knn;
+    ignored_tail.tail = 3;
+    AttnConfig kmv_without_light;
+    kmv_without_light.mode = AttnMode::Kmv;
+    for (const AttnConfig& bad : {gumbel, lazy_on_lsh, ignored_tail, kmv_without_light}) {
+        EXPECT_NE(attn_config_problem(bad), AttnProblem::None) << attn_description(bad);
+        EXPECT_THROW(gpt_set_attention(model, bad), std::invalid_argument) << attn_description(bad);
+    }
+    AttnConfig good = gumbel;
+    good.grad = AttnGrad::Sampled;
+    EXPECT_EQ(attn_config_problem(good), AttnProblem::None);
+    EXPECT_NO_THROW(gpt_set_attention(model, good));
+}
+
 TEST(Model, CausalityLaterTokensDoNotChangeEarlierLogits) {
     GPTConfig c = tiny_config();
     GPT model;

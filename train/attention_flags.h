@@ -62,36 +62,38 @@ inline bool parse_attn_grad_dv(const std::string& name) {
     throw std::runtime_error("--attn-grad-dv: unknown estimator '" + name + "' (known: rowwise, signed)");
 }
 
-// Checks a configuration against the rules of the flags and the kernels of this
-// build (ops::attention_capabilities); throws one line naming the flag.
+// Checks a configuration against the rules of model/attention.h
+// (attn_config_problem, which includes the kernels this build has); throws one
+// line naming the flag.
 inline void check_attn_config(const AttnConfig& a) {
-    if (a.k < 1) throw std::runtime_error("--attn-k must be >= 1, got " + std::to_string(a.k));
-    if (a.tail < 0) throw std::runtime_error("--attn-tail must be >= 0, got " + std::to_string(a.tail));
-    if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv)
-        throw std::runtime_error(std::string("--attn-tail needs --attn knn-tail or kmv (the mode is ") +
-                                 attn_mode_name(a.mode) + ")");
-    if (a.mode == AttnMode::Kmv && a.tail < 1)
-        throw std::runtime_error("--attn kmv needs --attn-tail >= 1 light samples per query");
-    if (a.grad_samples < 1)
-        throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
-    if (a.gumbel_groups < 1 || a.gumbel_samples < 1)
-        throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
-    // lazy Gumbel is exact only when the top-k set really is the top k (ALGORITHMS.md §4.3):
-    // the approximate lsh index may miss keys, and the widened threshold is not implemented
-    if (a.index == ops::TopkIndex::Lsh && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
-        throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index brute or block), "
-                                 "not lsh");
-    if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact)
-        throw std::runtime_error("--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
-    // what this build's kernels cover
     const AttnCapabilities can = ops::attention_capabilities();
     const std::string missing = std::string(" is not available in ") + can.build + " yet (train_gpt_cpu has it)";
-    if (a.mode == AttnMode::Kmv && !can.kmv) throw std::runtime_error("--attn kmv" + missing);
-    if (a.uses_topk_index() && a.index == ops::TopkIndex::Lsh && !can.lsh_index)
-        throw std::runtime_error("--attn-index lsh" + missing);
-    if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups)
-        throw std::runtime_error("--attn-gumbel-groups " + std::to_string(a.gumbel_groups) + ": " + can.build +
-                                 " takes at most " + std::to_string(can.max_gumbel_groups));
+    switch (attn_config_problem(a)) {
+        case AttnProblem::None: return;
+        case AttnProblem::KBelowOne: throw std::runtime_error("--attn-k must be >= 1, got " + std::to_string(a.k));
+        case AttnProblem::TailNegative:
+            throw std::runtime_error("--attn-tail must be >= 0, got " + std::to_string(a.tail));
+        case AttnProblem::TailWithoutTailMode:
+            throw std::runtime_error(std::string("--attn-tail needs --attn knn-tail or kmv (the mode is ") +
+                                     attn_mode_name(a.mode) + ")");
+        case AttnProblem::KmvWithoutLightSamples:
+            throw std::runtime_error("--attn kmv needs --attn-tail >= 1 light samples per query");
+        case AttnProblem::GradSamplesBelowOne:
+            throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
+        case AttnProblem::GumbelCountsBelowOne:
+            throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
+        case AttnProblem::LazyGumbelNeedsExactIndex:
+            throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index brute or block), "
+                                     "not lsh");
+        case AttnProblem::GumbelWithoutSampledGrad:
+            throw std::runtime_error(
+                "--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
+        case AttnProblem::KmvNotInBuild: throw std::runtime_error("--attn kmv" + missing);
+        case AttnProblem::LshNotInBuild: throw std::runtime_error("--attn-index lsh" + missing);
+        case AttnProblem::TooManyGumbelGroups:
+            throw std::runtime_error("--attn-gumbel-groups " + std::to_string(a.gumbel_groups) + ": " + can.build +
+                                     " takes at most " + std::to_string(can.max_gumbel_groups));
+    }
 }
 
 // The attention settings of the flags, checked.

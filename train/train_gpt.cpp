@@ -396,6 +396,9 @@ static int run(const Options& o) {
     DataLoader val_loader(o.val_pattern, o.B, o.T, 0, 1, false, o.seed, cfg.vocab_size);
     long train_steps = o.max_steps > 0 ? o.max_steps : (long)(train_loader.batches_per_epoch() / accum_steps);
     if (train_steps < 1) die("the train data holds fewer batches than one optimizer step needs");
+    if ((double)train_steps * accum_steps >= (double)kSamplingDrawStep)
+        die("-x " + std::to_string(train_steps) + " steps of " + std::to_string(accum_steps) +
+            " micro-batches pass the 2^30 training steps of the attention draws (kernels/common/draws.h)");
 
     GPT model;
     model.attn = attn;

@@ -5,8 +5,9 @@
 //   attention_tau(HS)                tau = 1 / sqrt(HS)   (fp32 sqrt and division, both correctly rounded)
 //   attention_score(q, k, HS, tau)   s = tau * attention_dot(q, k, HS)
 //
-// The top-k indexes rank keys by attention_dot (tau > 0 does not change the order,
-// and the unscaled chain is what the vectorised CPU search computes lane by lane);
+// The top-k indexes rank keys by attention_dot (an fp32 multiply by tau > 0 never
+// reverses the order, though it can merge two dot products into one score; the
+// unscaled chain is also what the vectorised CPU search computes lane by lane);
 // the samplers use attention_score. Every rounding is fixed: fmaf is one correctly
 // rounded operation in every build (the FMA instruction, or glibc's exact fmaf on a
 // CPU without one), and an explicit fma cannot be contracted or split differently by
@@ -16,6 +17,12 @@
 #include <cmath>
 
 #include "kernels/common/hd.h"
+
+// tau and every score must be the correctly rounded operations the host computes;
+// --use_fast_math would replace sqrtf and the division by approximations
+#if defined(__CUDACC__) && defined(__USE_FAST_MATH__)
+#error "kernels/common/attention_score.h: build without --use_fast_math (the scores must equal the CPU's bit for bit)"
+#endif
 
 namespace knngpt {
 

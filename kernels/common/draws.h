@@ -15,8 +15,8 @@
 //                   (signed-start walk starts, KMV hash functions)
 //   LSH tables      (layer * NH + head, table)                         lsh_table_draw_site
 //                   (one set of hyperplanes serves every batch row of a head; LSH
-//                   and KMV both hash with DRAW_HASH at row b*T = table only for
-//                   b = 0 = table, and never in the same forward)
+//                   and KMV both hash with DRAW_HASH, and their sites can coincide
+//                   (row b*T equal to a table number), but never in one forward)
 // purpose and index: one stream per use (below); a Philox call gives four 32-bit
 //   words, and a draw uses words 0 (and 1 for 64 bits) or, where a sampler takes two
 //   fp64 uniforms per call, words 0,1 and 2,3, so no two draws share a word.
@@ -123,30 +123,37 @@ inline bool sampled_grad_draws_fit(int T, int HS, int samples, bool signed_start
     return exact_fits && (!lazy_gumbel || lazy_fits);
 }
 
-// How far a draw was from being decided otherwise: the smallest relative gap of
-// the comparisons that decided it (a target against a cumulative sum, two
-// perturbed scores, a skip against an integer). The CPU computes the fp64
+// How far a draw was from being decided otherwise: the smallest gap of the
+// comparisons that decided it (a target against a cumulative sum, two perturbed
+// scores, a skip's quotient against an integer), relative to the size of what was
+// compared and divided by how much the computation before the comparison can
+// magnify a relative error of its inputs (`amplification`: n for a sum of n
+// terms, 1 / (1 - p) for log(1 - p), ...). The CPU computes the fp64
 // transcendentals with glibc, a GPU with its own exp and log, which agree to an
-// ulp or two (~1e-16 relative): so a draw whose margin exceeds kDrawMarginOfAgreement
-// picks the same key on every device, and tests that demand equal samples
-// natively check first that every draw clears it (a draw closer than that could
-// go either way; with random inputs that happens with probability ~1e-12 per
-// comparison). Only tests ask for margins; the kernels pass none.
+// ulp or two (~1e-16 relative): so a draw whose margin exceeds
+// kDrawMarginOfAgreement picks the same key on every device, and tests that demand
+// equal samples natively check first that every draw clears it (a draw closer
+// than that could go either way; on random inputs that happens with probability
+// ~1e-12 per comparison). tests/test_draw_margin.cpp checks the samplers record
+// every deciding comparison: perturbing their exp and log moves only draws whose
+// margin is of the perturbation's order. Only tests ask for margins; the kernels
+// pass none.
 constexpr double kDrawMarginOfAgreement = 1e-12;
 
 struct DrawMargin {
     double smallest = (double)INFINITY;
-    // the comparison a > b (or a < b) of two fp64 values
-    KNNGPT_HD void compare(double a, double b) {
+    // the comparison a > b (or a < b) of two fp64 values, computed from terms whose
+    // magnitudes add up to `magnitude` (e.g. |s| + |g| for a = s + g)
+    KNNGPT_HD void compare(double a, double b, double magnitude = 0.0, double amplification = 1.0) {
         if (!(a > -(double)INFINITY) || !(b > -(double)INFINITY)) return;  // against -inf: never close
-        const double scale = fmax(1.0, fmax(fabs(a), fabs(b)));
-        smallest = fmin(smallest, fabs(a - b) / scale);
+        const double scale = fmax(fmax(1.0, magnitude), fmax(fabs(a), fabs(b)));
+        smallest = fmin(smallest, fabs(a - b) / (scale * amplification));
     }
-    // floor(x): how close x is to an integer
-    KNNGPT_HD void floor_of(double x) {
+    // floor(x): how close x is to an integer (the integer just above decides too)
+    KNNGPT_HD void floor_of(double x, double amplification = 1.0) {
         if (!(fabs(x) < 9007199254740992.0)) return;  // inf, or beyond 2^53: floor is x itself
         const double nearest = floor(x + 0.5);
-        smallest = fmin(smallest, fabs(x - nearest) / fmax(1.0, fabs(x)));
+        smallest = fmin(smallest, fabs(x - nearest) / (fmax(1.0, fabs(x)) * amplification));
     }
 };
 

@@ -1,6 +1,8 @@
 // kernels/common/layernorm.h — the per-element formulas of layer normalisation and
 // its constant, once for both backends (kernels/cpu/layernorm.h,
-// kernels/cuda/layernorm.cuh); the backends differ only in how they sum a row.
+// kernels/cuda/layernorm.cuh); the backends differ in how they sum a row, and in
+// where their compilers fuse a multiply and an add (nvcc always; g++ when the target
+// has FMA), which only a tolerance sees.
 //
 //   mean  = (1/C) sum_c x_c,   rstd = 1 / sqrt((1/C) sum_c (x_c - mean)^2 + eps),  eps = 1e-5
 //   y_c   = (x_c - mean) rstd w_c + b_c

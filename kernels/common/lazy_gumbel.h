@@ -117,7 +117,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         const int j = topk[head];
         const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
         const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_HEAD_GUMBEL, base, head)));
-        if (margin) margin->compare(s + g, M);
+        if (margin) margin->compare(s + g, M, fabs(s) + fabs(g));
         if (s + g > M) { M = s + g; best = j; }
         s_min = s < s_min ? s : s_min;
     }
@@ -130,7 +130,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         for (int j = 0; j < n_i; j++) {
             const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-            if (margin) margin->compare(s + g, M);
+            if (margin) margin->compare(s + g, M, fabs(s) + fabs(g));
             if (s + g > M) { M = s + g; best = j; }
         }
     } else if (tail > 0) {
@@ -147,7 +147,9 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             const double u = lazy_gumbel_uniform(site, DRAW_GEOMETRIC_SKIP, base, step);
             const double quotient = log(u) / log_no_exceed;  // +inf when p = 0
             const double skip = floor(quotient);
-            if (margin && quotient < (double)tail) margin->floor_of(quotient);
+            // the walk goes on while quotient < tail - pos - 1 (an integer), and floor picks
+            // the position; log(1 - p) magnifies p's error by 1 / (1 - p) = e^(e^-B)
+            if (margin && quotient < (double)(tail - pos)) margin->floor_of(quotient, exp(e_minus_B));
             if (!((double)pos + 1.0 + skip < (double)tail)) break;
             pos += 1 + (long long)skip;
             x++;
@@ -155,19 +157,23 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
             const double g = -log(-log1p(ut * trunc_scale));  // Gumbel truncated to (B, inf)
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-            if (margin) margin->compare(s + g, M);
+            if (margin) {
+                // log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
+                const double x_t = ut * trunc_scale, E = -log1p(x_t);
+                margin->compare(s + g, M, fabs(s) + fabs(g), fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E)));
+            }
             if (s + g > M) { M = s + g; best = j; }
             if (x > max_exceeders) {
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
                     const double gr = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
-                    if (margin) margin->compare(gr, B);
+                    if (margin) margin->compare(gr, B, fabs(gr) + fabs(M) + fabs(s_min));
                     if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
                     x++;
                     const int jr = cursor.key(rest);
                     const double sr = attention_score(q_i, keys + (size_t)jr * stride, HS, tau);
-                    if (margin) margin->compare(sr + gr, M);
+                    if (margin) margin->compare(sr + gr, M, fabs(sr) + fabs(gr));
                     if (sr + gr > M) { M = sr + gr; best = jr; }
                 }
                 break;
