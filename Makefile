@@ -159,7 +159,7 @@ test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $
 # (train_gpt_cpu, prepare_data) and KNNGPT_BUILD (the emulated CUDA trainers).
 test-portable: $(PORTABLE_TEST_BINS) $(PORTABLE_PROGRAMS)
 	@echo "portable build, $(PORTABLE)/: PORTABLE_ARCHFLAGS='$(PORTABLE_ARCHFLAGS)' in place of ARCHFLAGS"
-	@KNNGPT_BUILD=$(PORTABLE) KNNGPT_BIN_DIR=$(PORTABLE) sh tools/run_tests.sh $(PORTABLE_TEST_BINS)
+	@KNNGPT_BUILD=$(PORTABLE) KNNGPT_BIN_DIR=$(PORTABLE) KNNGPT_KERNEL_COVERAGE=0 sh tools/run_tests.sh $(PORTABLE_TEST_BINS)
 
 native-test-bins: $(NATIVE_TEST_BINS) $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
