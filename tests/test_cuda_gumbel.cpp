@@ -47,34 +47,17 @@ namespace {
 constexpr double kTolerance = 1e-5;
 
 // The smallest margin (kernels/common/draws.h) of the lazy Gumbel samples the CPU
-// gumbel forward draws on qkv: sample numbers gumbel_forward_sample_number(n),
-// n < groups * samples, of every row. Equal samples are promised natively only for
-// draws clearing kDrawMarginOfAgreement (a GPU's fp64 exp and log differ from glibc's
-// in the last bit), so the comparison first asserts that all of these do.
-double smallest_forward_margin(const vector<float>& qkv, const vector<int>& topk, const Shape& s, int k,
-                               int numbers, uint64_t seed, uint32_t step, int layer) {
-    const int HS = s.HS(), C3 = 3 * s.C;
-    const float tau = knngpt::attention_tau(HS);
-    knngpt::DrawMargin margin;
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++) {
-            const knngpt::cpu::AttentionHeadOffsets at = knngpt::cpu::attention_head_offsets(b, h, s.T, s.C, HS);
-            for (int i = 0; i < s.T; i++) {
-                const int* row_topk = topk.data() + (((size_t)b * s.NH + h) * s.T + i) * k;
-                int head = 0;
-                while (head < k && row_topk[head] >= 0) head++;
-                const int max_exceeders = knngpt::lazy_gumbel_default_max_exceeders(i + 1 - head, head);
-                const DrawSite site = knngpt::row_draw_site(seed, step, layer, s.NH, h, b, s.T, i);
-                for (int n = 0; n < numbers; n++)
-                    knngpt::cpu::lazy_gumbel_sample(qkv.data() + at.q + (size_t)i * C3, qkv.data() + at.k, C3, HS, tau,
-                                                    i + 1, row_topk, k, site,
-                                                    knngpt::gumbel_forward_sample_number((uint32_t)n), max_exceeders,
-                                                    nullptr, nullptr, &margin);
-            }
-        }
-    return margin.smallest;
+// gumbel forward draws on qkv (its GumbelStats). Equal samples are promised natively
+// only for draws clearing kDrawMarginOfAgreement (a GPU's fp64 exp and log differ
+// from glibc's in the last bit), so the comparison first asserts that all of these do.
+double smallest_forward_margin(const vector<float>& qkv, const vector<int>& topk, const Shape& s, int k, int groups,
+                               int samples, uint64_t seed, uint32_t step, int layer) {
+    vector<float> out(s.out_size());
+    knngpt::cpu::GumbelStats stats;  // the CPU forward measures its draws' margins when asked for stats
+    knngpt::cpu::gumbel_attention_forward(out.data(), qkv.data(), topk.data(), s.B, s.T, s.C, s.NH, k, groups, samples,
+                                          seed, step, layer, &stats);
+    return stats.margin.smallest;
 }
-
 
 void expect_same_forward(const Shape& s, unsigned data_seed) {
     const vector<float> qkv = attention_qkv(s, data_seed);
@@ -88,7 +71,7 @@ void expect_same_forward(const Shape& s, unsigned data_seed) {
         for (int groups : {1, 3, 4}) {
             for (int samples : {1, 5}) {
                 const double smallest =
-                    smallest_forward_margin(qkv, topk, s, k, groups * samples, seed, step, layer);
+                    smallest_forward_margin(qkv, topk, s, k, groups, samples, seed, step, layer);
                 ASSERT_GT(smallest, knngpt::kDrawMarginOfAgreement)
                     << "a draw lies " << smallest << " from a boundary: equal samples are not promised there";
                 vector<float> expected(s.out_size());

@@ -91,41 +91,20 @@ vector<float> cpu_backward(const Problem& p, GradSampleSource source, const vect
 }
 
 // The smallest margin (kernels/common/draws.h) of every draw the CPU backward of p
-// makes, walk starts included. The same inputs give the same samples on the emulator
-// (the same code and libm) and, natively, wherever a draw clears
-// kDrawMarginOfAgreement: the GPU's fp64 exp and log differ from glibc's by an ulp or
-// two, which can only move a comparison closer than that. So every comparison below
-// first asserts that all of its draws clear it.
+// makes, walk starts included (its GumbelStats). The same inputs give the same
+// samples on the emulator (the same code and libm) and, natively, wherever a draw
+// clears kDrawMarginOfAgreement: the GPU's fp64 exp and log differ from glibc's by an
+// ulp or two, which can only move a comparison closer than that. So every comparison
+// below first asserts that all of its draws clear it.
 double smallest_draw_margin(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
                             uint64_t seed, uint32_t step, int layer, bool signed_start_dv) {
     const Shape& s = p.shape;
-    const int HS = s.HS(), C3 = 3 * s.C;
-    const float tau = knngpt::attention_tau(HS);
-    knngpt::DrawMargin margin;
-    vector<double> cdf(s.T), walk_weight(HS);
-    vector<int> walk_counts((size_t)HS * s.T), J;
-    long long exceeders = 0, fallbacks = 0;
-    for (int b = 0; b < s.B; b++)
-        for (int h = 0; h < s.NH; h++) {
-            const knngpt::cpu::AttentionHeadOffsets at = knngpt::cpu::attention_head_offsets(b, h, s.T, s.C, HS);
-            if (signed_start_dv)
-                knngpt::cpu::sampled_grad_walk_starts(walk_counts.data(), walk_weight.data(),
-                                                      p.dout.data() + (size_t)b * s.T * s.C + (size_t)h * HS, s.C, s.T,
-                                                      HS, samples, knngpt::head_draw_site(seed, step, layer, s.NH, h, b, s.T),
-                                                      cdf.data(), &margin);
-            for (int i = 0; i < s.T; i++) {
-                int count = samples;  // the row's draws, as the backward counts them
-                if (signed_start_dv)
-                    for (int c = 0; c < HS; c++) count = std::max(count, walk_counts[(size_t)c * s.T + i]);
-                J.resize(count);
-                const int* row_topk = topk.empty() ? nullptr : topk.data() + (((size_t)b * s.NH + h) * s.T + i) * k;
-                knngpt::cpu::sampled_grad_row_samples(J.data(), count, source, p.qkv.data() + at.q + (size_t)i * C3,
-                                                      p.qkv.data() + at.k, C3, HS, tau, i + 1, row_topk, k,
-                                                      knngpt::row_draw_site(seed, step, layer, s.NH, h, b, s.T, i),
-                                                      cdf.data(), &exceeders, &fallbacks, &margin);
-            }
-        }
-    return margin.smallest;
+    vector<float> dqkv(p.dqkv0.size(), 0.0f);
+    knngpt::cpu::GumbelStats stats;  // the CPU backward measures its draws' margins when asked for stats
+    knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(),
+                                            topk.empty() ? nullptr : topk.data(), k, s.B, s.T, s.C, s.NH, samples,
+                                            source, signed_start_dv, seed, step, layer, &stats);
+    return stats.margin.smallest;
 }
 
 // Every draw of the comparison clears the margin of agreement (see above).

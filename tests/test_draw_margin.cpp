@@ -155,11 +155,7 @@ TEST(DrawMargin, ExactRowPickRecordsEveryDecidingComparison) {
         draw(perturbed);
         knngpt_test::perturbation = 0.0;
         // the row's exact sums, as the sampler forms them
-        double row_max = -INFINITY, running = 0.0;
-        for (int j = 0; j <= i; j++)
-            row_max = std::max(row_max, (double)knngpt::attention_score(q_i, keys + (size_t)j * C3, HS, tau));
-        for (int j = 0; j <= i; j++)
-            row_cdf[j] = running += std::exp((double)knngpt::attention_score(q_i, keys + (size_t)j * C3, HS, tau) - row_max);
+        knngpt::cpu::sampled_grad_exact_row_cdf(row_cdf.data(), q_i, keys, C3, HS, tau, i + 1);
         for (int m = 0; m < samples; m++) {
             const knngpt::Philox4 w = knngpt::philox_draw(site, knngpt::DRAW_GRADIENT_SAMPLE, (uint32_t)m);
             DrawMargin margin;

@@ -3,15 +3,14 @@
 // and which this build's kernels have, each failing with one line that names the
 // flag, and the --attn-eval list.
 #pragma once
-#include <cerrno>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model/attention.h"
+#include "train/flag_values.h"
 
 namespace knngpt {
 
@@ -114,16 +113,6 @@ inline AttnConfig attn_config_from_flags(const AttnFlags& f) {
     return a;
 }
 
-// A whole decimal integer of an --attn-eval field.
-inline int parse_attn_eval_int(const std::string& field, const std::string& value) {
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(value.c_str(), &end, 10);
-    if (value.empty() || *end || errno || v < -2147483647L || v > 2147483647L)
-        throw std::runtime_error("--attn-eval " + field + ": expected an integer, got '" + value + "'");
-    return (int)v;
-}
-
 // --attn-eval: MODE[:k=K][:m=M][:index=I], comma separated; unspecified fields
 // come from the training settings. (The forward only: the gradient settings do
 // not matter for a validation loss.)
@@ -148,8 +137,8 @@ inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std
             size_t eq = field.find('=');
             if (eq == std::string::npos) throw std::runtime_error("--attn-eval: expected key=value in '" + field + "'");
             std::string key = field.substr(0, eq), value = field.substr(eq + 1);
-            if (key == "k") a.k = parse_attn_eval_int("k", value);
-            else if (key == "m") a.tail = parse_attn_eval_int("m", value);
+            if (key == "k") a.k = (int)parse_flag_long("--attn-eval k", value.c_str());
+            else if (key == "m") a.tail = (int)parse_flag_long("--attn-eval m", value.c_str());
             else if (key == "index") a.index = parse_attn_index(value);
             else throw std::runtime_error("--attn-eval: unknown field '" + key + "' (known: k, m, index)");
         }

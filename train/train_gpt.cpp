@@ -30,6 +30,7 @@
 #include "model/gpt.h"
 #include "model/lr_schedule.h"
 #include "train/attention_flags.h"
+#include "train/flag_values.h"
 
 using namespace knngpt;
 
@@ -141,20 +142,20 @@ Threads: set OMP_NUM_THREADS.
     exit(1);
 }
 
+// A flag's number, or one line and exit 1 (flag_values.h).
 static long parse_long(const std::string& flag, const char* s) {
-    char* end = nullptr;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (!*s || *end || errno) die(flag + ": expected an integer, got '" + s + "'");
-    return v;
+    try {
+        return parse_flag_long(flag, s);
+    } catch (const std::exception& e) {
+        die(e.what());
+    }
 }
-
 static float parse_float(const std::string& flag, const char* s) {
-    char* end = nullptr;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (!*s || *end || errno || !std::isfinite(v)) die(flag + ": expected a number, got '" + s + "'");
-    return v;
+    try {
+        return parse_flag_float(flag, s);
+    } catch (const std::exception& e) {
+        die(e.what());
+    }
 }
 
 static Options parse_args(int argc, char** argv) {

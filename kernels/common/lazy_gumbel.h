@@ -140,6 +140,8 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         const double p = -expm1(-e_minus_B);
         const double log_no_exceed = log1p(-p);  // log(1 - p) < 0 (-0 when p = 0: no exceeders)
         const double trunc_scale = expm1(-e_minus_B);  // in [-1, 0)
+        // margins: log(1 - p) magnifies p's error by 1 / (1 - p) = e^(e^-B)
+        const double skip_amplification = margin ? exp(e_minus_B) : 1.0;
         LazyGumbelTailCursor cursor{topk, head};
         // 3.-4. geometric-skip walk: each visited position is one exceeder
         long long pos = -1;
@@ -147,21 +149,19 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             const double u = lazy_gumbel_uniform(site, DRAW_GEOMETRIC_SKIP, base, step);
             const double quotient = log(u) / log_no_exceed;  // +inf when p = 0
             const double skip = floor(quotient);
-            // the walk goes on while quotient < tail - pos - 1 (an integer), and floor picks
-            // the position; log(1 - p) magnifies p's error by 1 / (1 - p) = e^(e^-B)
-            if (margin && quotient < (double)(tail - pos)) margin->floor_of(quotient, exp(e_minus_B));
+            // the walk goes on while quotient < tail - pos - 1 (an integer), and floor picks the position
+            if (margin && quotient < (double)(tail - pos)) margin->floor_of(quotient, skip_amplification);
             if (!((double)pos + 1.0 + skip < (double)tail)) break;
             pos += 1 + (long long)skip;
             x++;
             const int j = cursor.key((int)pos);
             const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
-            const double g = -log(-log1p(ut * trunc_scale));  // Gumbel truncated to (B, inf)
+            const double x_t = ut * trunc_scale;
+            const double E = -log1p(x_t);  // Exp(1) below e^-B
+            const double g = -log(E);      // Gumbel truncated to (B, inf)
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-            if (margin) {
-                // log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
-                const double x_t = ut * trunc_scale, E = -log1p(x_t);
-                margin->compare(s + g, M, fabs(s) + fabs(g), fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E)));
-            }
+            // margins: log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
+            if (margin) margin->compare(s + g, M, fabs(s) + fabs(g), fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E)));
             if (s + g > M) { M = s + g; best = j; }
             if (x > max_exceeders) {
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)

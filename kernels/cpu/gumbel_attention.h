@@ -32,8 +32,12 @@
 
 namespace knngpt::cpu {
 
+// What the lazy Gumbel draws of a call did (tests ask for it): how many samples,
+// exceeders and fallbacks, and the smallest margin of any draw (draws.h), which
+// collecting costs a little: only calls with stats measure it.
 struct GumbelStats {
     long long samples = 0, exceeders = 0, fallbacks = 0;
+    DrawMargin margin;
 };
 
 // The shared sampler's helpers, also under knngpt::cpu (callers and tests name them so).
@@ -82,8 +86,11 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                                     std::to_string(lazy_gumbel_sample_capacity(T) / 2) + " at T = " +
                                     std::to_string(T));
     long long total_samples = 0, total_exceeders = 0, total_fallbacks = 0;
-    #pragma omp parallel reduction(+:total_samples, total_exceeders, total_fallbacks)
+    double smallest_margin = INFINITY;
+    #pragma omp parallel reduction(+:total_samples, total_exceeders, total_fallbacks) reduction(min:smallest_margin)
     {
+        DrawMargin margin;  // this thread's draws, when stats are asked for
+        DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<float> group_means((size_t)r * HS);  // (r, HS)
         std::vector<float> column(r);
         #pragma omp for collapse(2) schedule(dynamic)
@@ -108,8 +115,8 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                             int x = 0;
                             bool fell_back = false;
                             const int J = lazy_gumbel_sample(q_i, keys, C3, HS, tau, n_i, topk, k, site,
-                                                             gumbel_forward_sample_number((uint32_t)(g * t + u)), max_exceeders, &x,
-                                                             &fell_back);
+                                                             gumbel_forward_sample_number((uint32_t)(g * t + u)),
+                                                             max_exceeders, &x, &fell_back, margin_or_null);
                             const float* v_J = values + (size_t)J * C3;
                             for (int c = 0; c < HS; c++) mean[c] += v_J[c];
                             total_exceeders += x;
@@ -128,11 +135,13 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                 }
             }
         }
+        smallest_margin = std::fmin(smallest_margin, margin.smallest);
     }
     if (stats) {
         stats->samples += total_samples;
         stats->exceeders += total_exceeders;
         stats->fallbacks += total_fallbacks;
+        stats->margin.smallest = std::fmin(stats->margin.smallest, smallest_margin);
     }
 }
 

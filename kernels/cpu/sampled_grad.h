@@ -99,6 +99,22 @@ inline void sampled_grad_walk_starts(int* walk_counts, double* walk_weight, cons
     }
 }
 
+// The exact-row sampler's cumulative weights of query i: cdf[l] = sum_{j<=l}
+// exp(s_ij - max_j s_ij), fp64, in key order, s_ij = attention_score (n_i keys).
+inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const float* keys, int stride, int HS,
+                                       float tau, int n_i) {
+    double row_max = -INFINITY;
+    for (int j = 0; j < n_i; j++) {
+        cdf[j] = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
+        row_max = std::max(row_max, cdf[j]);
+    }
+    double running = 0.0;
+    for (int j = 0; j < n_i; j++) {
+        running += exp(cdf[j] - row_max);  // unqualified: test_draw_margin perturbs it
+        cdf[j] = running;
+    }
+}
+
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
 // cdf: scratch of n_i doubles (ExactRow). Returns exceeders and fallbacks in the counters;
 // margin (tests): the draws' margins (kernels/common/draws.h).
@@ -108,17 +124,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
                                      long long* fallbacks, DrawMargin* margin = nullptr) {
     if (count <= 0) return;
     if (source == GradSampleSource::ExactRow) {
-        // the causal row: weights exp(s_ij - max) and their running sums, in fp64
-        double row_max = -INFINITY;
-        for (int j = 0; j < n_i; j++) {
-            cdf[j] = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-            row_max = std::max(row_max, cdf[j]);
-        }
-        double running = 0.0;
-        for (int j = 0; j < n_i; j++) {
-            running += exp(cdf[j] - row_max);  // unqualified: test_draw_margin perturbs it
-            cdf[j] = running;
-        }
+        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i);
         for (int m = 0; m < count; m++) {
             Philox4 w = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)m);
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
@@ -155,8 +161,11 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                                     std::to_string(T) + " overflows the 28-bit draw index, expected fewer");
 
     long long total_samples = 0, total_exceeders = 0, total_fallbacks = 0;
-    #pragma omp parallel reduction(+:total_samples, total_exceeders, total_fallbacks)
+    double smallest_margin = INFINITY;
+    #pragma omp parallel reduction(+:total_samples, total_exceeders, total_fallbacks) reduction(min:smallest_margin)
     {
+        DrawMargin margin;  // this thread's draws (walk starts too), when stats are asked for
+        DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<double> dk_head((size_t)T * HS), dv_head((size_t)T * HS), dq_row(HS);  // fp64 sums
         std::vector<double> cdf(T);
         std::vector<int> J;
@@ -177,7 +186,8 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                 if (signed_start_dv) {
                     walk_counts.resize((size_t)HS * T);
                     sampled_grad_walk_starts(walk_counts.data(), walk_weight.data(), d_o, C, T, HS, s,
-                                             head_draw_site(seed, step, layer, NH, h, b, T), cdf.data());
+                                             head_draw_site(seed, step, layer, NH, h, b, T), cdf.data(),
+                                             margin_or_null);
                 }
 
                 for (int i = 0; i < T; i++) {
@@ -193,7 +203,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                         for (int c = 0; c < HS; c++) count = std::max(count, walk_counts[(size_t)c * T + i]);
                     J.resize(count);
                     sampled_grad_row_samples(J.data(), count, source, q_i, keys, C3, HS, tau, n_i, topk, k, site,
-                                             cdf.data(), &total_exceeders, &total_fallbacks);
+                                             cdf.data(), &total_exceeders, &total_fallbacks, margin_or_null);
                     total_samples += count;
 
                     // Delta_i = dO_i . O_i from the given out
@@ -241,11 +251,13 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                 }
             }
         }
+        smallest_margin = std::fmin(smallest_margin, margin.smallest);
     }
     if (stats) {
         stats->samples += total_samples;
         stats->exceeders += total_exceeders;
         stats->fallbacks += total_fallbacks;
+        stats->margin.smallest = std::fmin(stats->margin.smallest, smallest_margin);
     }
 }
 

@@ -1,0 +1,28 @@
+// train/flag_values.h — a flag's value as a number: the whole text must parse,
+// else one line naming the flag (std::runtime_error, which the trainer prints).
+#pragma once
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+namespace knngpt {
+
+inline long parse_flag_long(const std::string& flag, const char* s) {
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(s, &end, 10);
+    if (!*s || *end || errno) throw std::runtime_error(flag + ": expected an integer, got '" + s + "'");
+    return v;
+}
+
+inline float parse_flag_float(const std::string& flag, const char* s) {
+    char* end = nullptr;
+    errno = 0;
+    const float v = std::strtof(s, &end);
+    if (!*s || *end || errno || !std::isfinite(v)) throw std::runtime_error(flag + ": expected a number, got '" + s + "'");
+    return v;
+}
+
+}  // namespace knngpt
