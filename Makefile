@@ -17,6 +17,17 @@ BLAS_DIR  ?= /usr/lib/$(MULTIARCH)/openblas-openmp
 BLAS_LIBS ?= -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas
 LDLIBS    += $(BLAS_LIBS) -lm
 GTEST_LIBS ?= -lgtest -lgtest_main -pthread
+# MPI (Debian's OpenMPI: openmpi-bin, libopenmpi-dev) for training on several
+# processes, found through mpicxx. Without it every program still builds, for
+# one process only (a run started by mpirun then says so and stops).
+MPICXX    ?= mpicxx
+MPI_CFLAGS := $(shell $(MPICXX) --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell $(MPICXX) --showme:link 2>/dev/null)
+ifneq ($(strip $(MPI_LIBS)),)
+MPI_DEFS  := -DKNNGPT_MPI $(MPI_CFLAGS)
+CXXFLAGS  += $(MPI_DEFS)
+LDLIBS    += $(MPI_LIBS)
+endif
 
 # The CUDA build: the same sources through nvcc for sm_80 (A100) and sm_90
 # (H100/H200). Under the CPU emulator the CUDA sources build with $(CXX)
@@ -109,7 +120,7 @@ $(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 $(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(NEED_NVCC)
 	$(MKDIRS)
-	$(NVCC) -x cu $(NVCCFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
+	$(NVCC) -x cu $(NVCCFLAGS) $(MPI_DEFS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS) -lnccl $(MPI_LIBS)
 
 prepare_data $(PORTABLE)/prepare_data: %: data/prepare_data.cpp $(DEPDIR)/%.d
 	$(MKDIRS)

@@ -7,6 +7,15 @@
 # ("cuda kernels run under emulation: N: name ..." or "... natively: ...");
 # before the closing line this prints how many distinct kernels ran each way,
 # out of the __global__ kernels defined in kernels/cuda, and names any never run.
+#
+# Tests of several processes start them with mpirun (OpenMPI). When the suite
+# runs as root (CI), OpenMPI refuses that unless told it is wanted; the
+# settings below say so for this run only, and let two ranks share the cores of
+# a small machine.
+if [ "$(id -u)" -eq 0 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export OMPI_MCA_rmaps_base_oversubscribe=1
 passed=0; failed=0; skipped=0; crashed=0
 log=$(mktemp); emulated=$(mktemp); native=$(mktemp)
 for bin in "$@"; do
