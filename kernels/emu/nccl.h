@@ -373,9 +373,13 @@ inline ncclResult_t refuse(ncclResult_t result) {
 
 // ---- the exchanges --------------------------------------------------------------------------
 
-// The most bytes one exchange piece moves per rank; it bounds the scratch
-// memory of a collective (about three pieces) and keeps MPI's int counts small.
-constexpr size_t kPieceBytes = size_t(16) << 20;
+// The most bytes one exchange piece moves per rank (16 MiB); it bounds the
+// scratch memory of a collective (about three pieces) and keeps MPI's int
+// counts small. The tests shrink it, so that small buffers take many pieces.
+inline size_t& piece_bytes() {
+    static size_t bytes = size_t(16) << 20;
+    return bytes;
+}
 
 struct Scratch {
     std::unique_ptr<char[]> bytes;
@@ -398,9 +402,11 @@ inline ncclResult_t mpi_failed(ncclComm_t comm, const char* call, const char* mp
     } while (0)
 #endif
 
-// Elements per piece so that `blocks` blocks of them fit in kPieceBytes.
+// Elements per piece so that `blocks` blocks of them fit in piece_bytes()
+// (at least one element).
 inline size_t piece_elements(size_t size, int blocks) {
-    return std::max<size_t>(1, kPieceBytes / size / (size_t)blocks);
+    const size_t bytes = std::min(piece_bytes(), size_t(1) << 30);
+    return std::max<size_t>(1, bytes / size / (size_t)blocks);
 }
 
 // AllReduce over several ranks, piece by piece: each piece is cut into nranks
