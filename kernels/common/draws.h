@@ -5,7 +5,7 @@
 //   counter = (step, site, row, (purpose << 28) | index)      index < 2^28
 //
 // step: the trainer's call, in three namespaces that never meet
-//   training    optimizer step t (from 0) with micro-batch m of A:  t * A + m   (< 2^30)
+//   training    the optimizer step t (from 0), the same for all its micro-batches (< 2^30)
 //   sampling    kSamplingDrawStep + position of the generated token
 //   evaluation  kEvaluationDrawStep + validation batch number, so every
 //               evaluation draws the same samples
@@ -37,8 +37,9 @@
 //   DRAW_HASH             LSH: m (HS + 1) + d, entry d of hyperplane m; KMV: f (D + 2) + c
 //   DRAW_LIGHT_SAMPLE     index t: light sample t of a KMV row
 // Every draw is therefore a pure function of (seed, step, layer, head, global batch
-// row, query, purpose, index): forward and backward, CPU and CUDA regenerate the same
-// numbers.
+// row, query, purpose, index): forward and backward, CPU and CUDA, W processes of B
+// rows, one of W B rows and one of B rows with W micro-batches a step regenerate the
+// same numbers.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -63,11 +64,8 @@ enum DrawPurpose : uint32_t {
 constexpr uint32_t kSamplingDrawStep = 0x40000000u;
 constexpr uint32_t kEvaluationDrawStep = 0x80000000u;
 
-// The step of micro-batch `micro` of optimizer step `step` (from 0), with
-// `accumulation` micro-batches per step.
-inline uint32_t training_draw_step(long step, int accumulation, int micro) {
-    return (uint32_t)(step * accumulation + micro);
-}
+// The step of every forward of optimizer step `step` (from 0), whichever micro-batch.
+inline uint32_t training_draw_step(long step) { return (uint32_t)step; }
 // The global batch row of a forward's local row 0: micro-batch `micro` of a step,
 // on rank `rank` of `world` processes of B rows each, holds rows
 // (micro * world + rank) * B .. + B - 1 of the step's whole batch. Evaluation
