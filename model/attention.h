@@ -181,11 +181,13 @@ inline void topk_from_lists(int* topk, int k, const int* lists, int K, size_t ro
 }
 
 // One layer's attention call: the configuration, the Philox step of this forward
-// (the backward of the same layer gets the same), the layer, its saved key lists
-// and the scratch shared by the layers.
+// and the global batch row of its row 0 (the backward of the same layer gets the
+// same; kernels/common/draws.h), the layer, its saved key lists and the scratch
+// shared by the layers.
 struct AttnLayerCall {
     const AttnConfig& config;
     uint32_t draw_step;
+    int draw_batch0;
     int layer;
     AttnLayerState state;
     AttnScratch scratch;
@@ -217,14 +219,15 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
             // top-k into the first k slots of each (k + m)-slot list, then the tail samples
             ops::causal_topk(call.scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
             topk_into_lists(st.idx, st.K, call.scratch.topk, a.k, (size_t)B * NH * T);
-            ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.k, a.tail, false, a.seed, call.draw_step, layer);
+            ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.k, a.tail, false, a.seed, call.draw_step, layer,
+                                  call.draw_batch0);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, st.logw, B, T, C, NH, st.K);
             return;
         }
         case AttnMode::Gumbel:
             ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
             ops::gumbel_attention_forward(out, qkv, st.idx, B, T, C, NH, a.k, a.gumbel_groups, a.gumbel_samples,
-                                          a.seed, call.draw_step, layer);
+                                          a.seed, call.draw_step, layer, call.draw_batch0);
             return;
         case AttnMode::Kmv: {
             ops::KmvParams p;
@@ -232,6 +235,7 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
             p.seed = a.seed;
             p.step = call.draw_step;
             p.layer = layer;
+            p.batch0 = call.draw_batch0;
             ops::kmv_select_keys(st.idx, st.logw, qkv, B, T, C, NH, st.K, p);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, st.logw, B, T, C, NH, st.K);
             return;
@@ -259,7 +263,7 @@ inline void attention_layer_backward(const AttnLayerCall& call, float* dqkv, con
         }
         ops::sampled_attention_backward(dqkv, dout, qkv, out, topk, a.k, B, T, C, NH, a.grad_samples,
                                         topk ? ops::GradSampleSource::LazyGumbel : ops::GradSampleSource::ExactRow,
-                                        a.grad_signed_dv, a.seed, call.draw_step, call.layer);
+                                        a.grad_signed_dv, a.seed, call.draw_step, call.layer, call.draw_batch0);
         return;
     }
     switch (a.mode) {

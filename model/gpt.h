@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/draws.h"
 #include "kernels/common/rng.h"
 #include "model/attention.h"
 #include "model/backend.h"
@@ -253,6 +254,7 @@ struct GPT {
     int* targets = nullptr;  // (B, T) device
     int cur_B = 0, cur_T = 0;       // shape of the last forward
     uint32_t draw_step = 0;         // Philox step of the last forward's attention draws
+    int draw_batch0 = 0;            // and the global batch row of its row 0 (kernels/common/draws.h)
     bool have_targets = false;      // did the last forward compute the loss?
     float mean_loss = -1.0f;        // mean loss of the last forward with targets
     // A fused forward (gpt_forward with fused_dloss > 0) writes dlogits over the
@@ -315,7 +317,8 @@ inline AttnLayerState attn_layer_state(const GPT& model, int l) {
 
 // Layer l's attention call at the step of the last forward.
 inline AttnLayerCall attn_layer_call(const GPT& model, int l) {
-    return AttnLayerCall{model.attn, model.draw_step, l, attn_layer_state(model, l), AttnScratch{model.attn_topk_scratch}};
+    return AttnLayerCall{model.attn, model.draw_step, model.draw_batch0, l, attn_layer_state(model, l),
+                         AttnScratch{model.attn_topk_scratch}};
 }
 
 // Builds the model from host parameters (llm.c order) and allocates
@@ -381,8 +384,10 @@ inline std::vector<float> gpt_host_parameters(const GPT& model) {
 // targets == nullptr only the logits. B and T may be smaller than the
 // allocated batch (used for sampling). draw_step is the Philox step of the
 // attention's random draws (kernels/common/draws.h: training, sampling and
-// evaluation steps live in separate ranges); the backward of this forward
-// draws at the same step.
+// evaluation steps live in separate ranges), and draw_batch0 the global batch
+// row of input row 0 (draw_batch0(), there): row b draws as row draw_batch0 + b
+// of the step's whole batch. The backward of this forward draws at the same
+// step and rows.
 //
 // fused_dloss > 0 (with targets) fuses the classifier's backward into the
 // forward, as the training step does: one pass per row writes the losses and
@@ -391,11 +396,14 @@ inline std::vector<float> gpt_host_parameters(const GPT& model) {
 // gpt_logits_at refuses to read them. The losses and mean_loss are the same
 // as without fusing. Evaluation and sampling leave it at 0.
 inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targets, int B, int T,
-                        uint32_t draw_step, float fused_dloss = 0.0f) {
+                        uint32_t draw_step, float fused_dloss = 0.0f, int draw_batch0 = 0) {
     const GPTConfig& cfg = model.config;
     if (B < 1 || B > model.B || T < 1 || T > model.T)
         throw std::runtime_error("forward: batch (" + std::to_string(B) + ", " + std::to_string(T) +
                                  ") outside the allocated (" + std::to_string(model.B) + ", " + std::to_string(model.T) + ")");
+    if (draw_batch0 < 0 || !draw_rows_fit((long long)draw_batch0 + B, T))
+        throw std::runtime_error("forward: attention draw rows (" + std::to_string(draw_batch0) + " + " +
+                                 std::to_string(B) + ") * " + std::to_string(T) + " pass 2^32 (kernels/common/draws.h)");
     for (int i = 0; i < B * T; i++) {
         if (host_inputs[i] < 0 || host_inputs[i] >= cfg.vocab_size)
             throw std::runtime_error("forward: token " + std::to_string(host_inputs[i]) + " outside the vocabulary [0, " +
@@ -406,6 +414,7 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
     model.cur_B = B;
     model.cur_T = T;
     model.draw_step = draw_step;
+    model.draw_batch0 = draw_batch0;
     model.have_targets = host_targets != nullptr;
     model.dlogits_ready = false;  // set again below by a fused forward
     model.fused_dloss = 0.0f;

@@ -5,13 +5,14 @@
 //   the forward: the same out to 1e-5 relative to the largest reference entry, for two
 //   shapes (head sizes 8 and 32), k = 1, 4 and k >= T (rows that are all head), groups
 //   1, 3 and 4 (even: the mean of the two middle values), 1 and 5 samples per group,
-//   top-k lists from cpu::causal_topk_brute, nonzero seed, step and layer;
+//   top-k lists from cpu::causal_topk_brute, nonzero seed, step and layer, batch0 0 and 7
+//   (the rows of a forward that starts at global batch row 7);
 //   the sampler on the device: the same key, exceeder count and fallback flag as the
 //   CPU for every row and sample number tried, with the default exceeder cap and with
 //   caps 0 and 1, which force the fallback (the forward always uses the default cap,
 //   which test rows of this size never hit, so the fallback is tested here);
-//   groups above kGumbelMaxGroups and groups * samples past the draw-index capacity
-//   exit with a one-line error.
+//   groups above kGumbelMaxGroups, groups * samples past the draw-index capacity and
+//   batch rows past the counter's 2^32 rows exit with a one-line error.
 //
 // Tolerance: both sides draw the same samples and add the same fp32 values in the same
 // order; one sample chosen differently moves an entry by a whole |v_J - v_J'| / t, far
@@ -51,11 +52,11 @@ constexpr double kTolerance = 1e-5;
 // only for draws clearing kDrawMarginOfAgreement (a GPU's fp64 exp and log differ
 // from glibc's in the last bit), so the comparison first asserts that all of these do.
 double smallest_forward_margin(const vector<float>& qkv, const vector<int>& topk, const Shape& s, int k, int groups,
-                               int samples, uint64_t seed, uint32_t step, int layer) {
+                               int samples, uint64_t seed, uint32_t step, int layer, int batch0) {
     vector<float> out(s.out_size());
     knngpt::cpu::GumbelStats stats;  // the CPU forward measures its draws' margins when asked for stats
     knngpt::cpu::gumbel_attention_forward(out.data(), qkv.data(), topk.data(), s.B, s.T, s.C, s.NH, k, groups, samples,
-                                          seed, step, layer, &stats);
+                                          seed, step, layer, batch0, &stats);
     return stats.margin.smallest;
 }
 
@@ -70,21 +71,22 @@ void expect_same_forward(const Shape& s, unsigned data_seed) {
         DeviceArray<int> d_topk(topk);
         for (int groups : {1, 3, 4}) {
             for (int samples : {1, 5}) {
+                const int batch0 = samples == 1 ? 0 : 7;
                 const double smallest =
-                    smallest_forward_margin(qkv, topk, s, k, groups, samples, seed, step, layer);
+                    smallest_forward_margin(qkv, topk, s, k, groups, samples, seed, step, layer, batch0);
                 ASSERT_GT(smallest, knngpt::kDrawMarginOfAgreement)
                     << "a draw lies " << smallest << " from a boundary: equal samples are not promised there";
                 vector<float> expected(s.out_size());
                 knngpt::cpu::gumbel_attention_forward(expected.data(), qkv.data(), topk.data(), s.B, s.T, s.C, s.NH, k,
-                                                      groups, samples, seed, step, layer);
+                                                      groups, samples, seed, step, layer, batch0);
                 DeviceArray<float> d_out(vector<float>(s.out_size(), 7.0f));
                 knngpt::cuda::gumbel_attention_forward(d_out.ptr, d_qkv.ptr, d_topk.ptr, s.B, s.T, s.C, s.NH, k, groups,
-                                                       samples, seed, step, layer);
+                                                       samples, seed, step, layer, batch0);
                 CUDA_CHECK(cudaDeviceSynchronize());
                 const vector<float> got = d_out.to_host();
                 EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
                     << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " k " << k << " groups "
-                    << groups << " samples " << samples;
+                    << groups << " samples " << samples << " batch0 " << batch0;
             }
         }
     }
@@ -184,12 +186,15 @@ CUDA_TEST(CudaGumbel, DeviceSamplerMatchesCpuIncludingFallback) {
 // The unsupported configurations stop with one line before touching any pointer.
 CUDA_TEST(CudaGumbel, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
-    auto run = [](int T, int groups, int samples) {
-        knngpt::cuda::gumbel_attention_forward(nullptr, nullptr, nullptr, 1, T, 16, 2, 4, groups, samples, 1, 0, 0);
+    auto run = [](int T, int groups, int samples, int batch0 = 0) {
+        knngpt::cuda::gumbel_attention_forward(nullptr, nullptr, nullptr, 1, T, 16, 2, 4, groups, samples, 1, 0, 0,
+                                               batch0);
     };
     EXPECT_EXIT(run(8, knngpt::cuda::kGumbelMaxGroups + 1, 2), testing::ExitedWithCode(1), "need 1 <= groups <= 16");
     EXPECT_EXIT(run(8, 3, 0), testing::ExitedWithCode(1), "samples_per_group >= 1");
     EXPECT_EXIT(run(1 << 20, 16, 1 << 10), testing::ExitedWithCode(1), "expected <= ");
+    EXPECT_EXIT(run(8, 3, 2, -1), testing::ExitedWithCode(1), "need batch0 >= 0 and");
+    EXPECT_EXIT(run(8, 3, 2, 1 << 29), testing::ExitedWithCode(1), "2\\^32 draw rows");
 }
 
 }  // namespace

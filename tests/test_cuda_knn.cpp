@@ -5,7 +5,8 @@
 //                                      (duplicated keys, quantised values), k = 1 .. >= T;
 //   kernels/cuda/tail_sampling.cuh     vs cpu::sample_tail_keys: identical idx and logw
 //                                      (bit for bit), with and without replacement, several
-//                                      seeds, rows whose whole tail fits, unsorted heads;
+//                                      seeds, batch0 0 and 2B + 1 (a call on later global
+//                                      batch rows), rows whose whole tail fits, unsorted heads;
 //   kernels/cuda/sparse_attention.cuh  vs cpu sparse attention, forward and backward (run
 //                                      twice, to check +=), lists from the CPU top-k and
 //                                      tail sampler, with and without logw, an empty list;
@@ -97,33 +98,37 @@ struct Lists {
 };
 
 Lists cpu_tail(const vector<int>& wide, const Shape& s, int k, int m, bool with_replacement, uint64_t seed,
-               uint32_t step, int layer) {
+               uint32_t step, int layer, int batch0) {
     Lists l{wide, vector<float>(wide.size(), 7.0f)};
     knngpt::cpu::sample_tail_keys(l.idx.data(), l.logw.data(), s.B, s.T, s.NH, k, m, with_replacement, seed, step,
-                                  layer);
+                                  layer, batch0);
     return l;
 }
 
 Lists cuda_tail(const vector<int>& wide, const Shape& s, int k, int m, bool with_replacement, uint64_t seed,
-                uint32_t step, int layer) {
+                uint32_t step, int layer, int batch0) {
     DeviceArray<int> d_idx(wide);
     DeviceArray<float> d_logw(vector<float>(wide.size(), 7.0f));
-    knngpt::cuda::sample_tail_keys(d_idx.ptr, d_logw.ptr, s.B, s.T, s.NH, k, m, with_replacement, seed, step, layer);
+    knngpt::cuda::sample_tail_keys(d_idx.ptr, d_logw.ptr, s.B, s.T, s.NH, k, m, with_replacement, seed, step, layer,
+                                   batch0);
     return Lists{d_idx.to_host(), d_logw.to_host()};
 }
 
 void expect_same_tail(const vector<int>& wide, const Shape& s, int k, int m, bool with_replacement, uint64_t seed,
                       uint32_t step = 3, int layer = 1) {
-    const Lists expected = cpu_tail(wide, s, k, m, with_replacement, seed, step, layer);
-    const Lists got = cuda_tail(wide, s, k, m, with_replacement, seed, step, layer);
-    size_t idx_mismatches = 0, logw_mismatches = 0;
-    for (size_t x = 0; x < got.idx.size(); x++) {
-        idx_mismatches += got.idx[x] != expected.idx[x];
-        logw_mismatches += std::memcmp(&got.logw[x], &expected.logw[x], sizeof(float)) != 0;
+    for (int batch0 : {0, 2 * s.B + 1}) {
+        const Lists expected = cpu_tail(wide, s, k, m, with_replacement, seed, step, layer, batch0);
+        const Lists got = cuda_tail(wide, s, k, m, with_replacement, seed, step, layer, batch0);
+        size_t idx_mismatches = 0, logw_mismatches = 0;
+        for (size_t x = 0; x < got.idx.size(); x++) {
+            idx_mismatches += got.idx[x] != expected.idx[x];
+            logw_mismatches += std::memcmp(&got.logw[x], &expected.logw[x], sizeof(float)) != 0;
+        }
+        EXPECT_EQ(idx_mismatches, 0u) << "k " << k << " m " << m << " replacement " << with_replacement << " seed "
+                                      << seed << " batch0 " << batch0;
+        EXPECT_EQ(logw_mismatches, 0u) << "k " << k << " m " << m << " replacement " << with_replacement << " seed "
+                                       << seed << " batch0 " << batch0;
     }
-    EXPECT_EQ(idx_mismatches, 0u) << "k " << k << " m " << m << " replacement " << with_replacement << " seed " << seed;
-    EXPECT_EQ(logw_mismatches, 0u) << "k " << k << " m " << m << " replacement " << with_replacement << " seed "
-                                   << seed;
 }
 
 // lse may hold -inf (empty lists): the -inf entries must agree, the rest to tolerance
@@ -248,7 +253,7 @@ void check_knn_tail_lists(const Shape& s, int k, int m, unsigned seed) {
     const vector<float> qkv = attention_qkv(s, seed);
     const int K = k + m;
     const vector<int> wide = widen(brute_topk(qkv, s, k), s, k, m);
-    Lists lists = cpu_tail(wide, s, k, m, false, seed, 0, 0);
+    Lists lists = cpu_tail(wide, s, k, m, false, seed, 0, 0, 0);
     // one empty list: out 0, lse -inf, no gradient
     for (int t = 0; t < K; t++) lists.idx[(s.rows() - 2) * K + t] = -1;
     check_sparse(s, qkv, lists.idx, &lists.logw, K, seed + 1);  // with logw
@@ -263,7 +268,7 @@ CUDA_TEST(CudaSparseAttention, WithReplacementRepeatsMatchCpu) {
     const Shape s{1, 33, 16, 2};
     const int k = 2, m = 8, K = k + m;
     const vector<float> qkv = attention_qkv(s, 30);
-    const Lists lists = cpu_tail(widen(brute_topk(qkv, s, k), s, k, m), s, k, m, true, 31, 0, 0);
+    const Lists lists = cpu_tail(widen(brute_topk(qkv, s, k), s, k, m), s, k, m, true, 31, 0, 0, 0);
     check_sparse(s, qkv, lists.idx, &lists.logw, K, 32);
 }
 

@@ -4,17 +4,20 @@
 // sources, row-wise dV:
 //   ExactRow: the same dqkv to 1e-5 relative to the largest reference entry, from a
 //   nonzero dqkv and after two calls (+=), for two shapes (head sizes 8 and 32), s = 1,
-//   4, 16 and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer;
+//   4, 16 and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer,
+//   batch0 0 and nonzero (the rows of a call that starts at a later global batch row);
 //   LazyGumbel (lazy Gumbel sample number 2m + 1 on the row's top-k list): the same, with
 //   top-k lists from cpu::causal_topk_brute for k = 1, 4 and k >= T (rows that are all
-//   head), s = 1, 5 and 37;
+//   head), s = 1, 5 and 37, batch0 0 (k = 1, k >= T) and 5 (k = 4);
 //   signed-start dV (walk starts per column of dO, each row drawing as many samples as
-//   its most walks): the same to 1e-5 for both sources, s = 1 and 4, two seeds, both
+//   its most walks): the same to 1e-5 for both sources, s = 1 and 4, two seeds (the
+//   second with batch0 = 3), both
 //   shapes, on a dout with an all-zero column (no walks), scattered exact zeros, and a
 //   column whose only nonzero entry sits in one row (that row draws all N = T s walks
 //   of the column: several chunks of 32 samples);
 //   LazyGumbel without top-k lists or past the draw-index capacity, signed-start dV past
-//   it (either source), and samples < 1 exit with a one-line error;
+//   it (either source), samples < 1 and batch rows past the counter's 2^32 rows exit
+//   with a one-line error;
 //   the shared score (attention_score.h) run in a kernel equals the host's bit for bit at
 //   the usual head sizes (the scores decide the samples; a 1-ulp difference would
 //   change a pick only rarely, so the backward comparison alone would not show it).
@@ -80,13 +83,13 @@ Problem make_problem(const Shape& s, unsigned seed) {
 
 // dqkv0 plus two calls of the CPU backward (topk: (B, NH, T, k) lists for LazyGumbel)
 vector<float> cpu_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
-                           uint64_t seed, uint32_t step, int layer, bool signed_start_dv = false) {
+                           uint64_t seed, uint32_t step, int layer, int batch0, bool signed_start_dv = false) {
     const Shape& s = p.shape;
     vector<float> dqkv = p.dqkv0;
     for (int call = 0; call < 2; call++)
         knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(),
                                                 topk.empty() ? nullptr : topk.data(), k, s.B, s.T, s.C, s.NH, samples,
-                                                source, signed_start_dv, seed, step, layer);
+                                                source, signed_start_dv, seed, step, layer, batch0);
     return dqkv;
 }
 
@@ -97,13 +100,13 @@ vector<float> cpu_backward(const Problem& p, GradSampleSource source, const vect
 // ulp or two, which can only move a comparison closer than that. So every comparison
 // below first asserts that all of its draws clear it.
 double smallest_draw_margin(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
-                            uint64_t seed, uint32_t step, int layer, bool signed_start_dv) {
+                            uint64_t seed, uint32_t step, int layer, int batch0, bool signed_start_dv) {
     const Shape& s = p.shape;
     vector<float> dqkv(p.dqkv0.size(), 0.0f);
     knngpt::cpu::GumbelStats stats;  // the CPU backward measures its draws' margins when asked for stats
     knngpt::cpu::sampled_attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(),
                                             topk.empty() ? nullptr : topk.data(), k, s.B, s.T, s.C, s.NH, samples,
-                                            source, signed_start_dv, seed, step, layer, &stats);
+                                            source, signed_start_dv, seed, step, layer, batch0, &stats);
     return stats.margin.smallest;
 }
 
@@ -118,14 +121,14 @@ double smallest_draw_margin(const Problem& p, GradSampleSource source, const vec
 
 // the same with the CUDA kernel
 vector<float> cuda_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
-                            uint64_t seed, uint32_t step, int layer, bool signed_start_dv = false) {
+                            uint64_t seed, uint32_t step, int layer, int batch0, bool signed_start_dv = false) {
     const Shape& s = p.shape;
     DeviceArray<float> d_dqkv(p.dqkv0), d_dout(p.dout), d_qkv(p.qkv), d_out(p.out);
     DeviceArray<int> d_topk(topk.empty() ? vector<int>(1, -1) : topk);
     for (int call = 0; call < 2; call++)
         knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr,
                                                  topk.empty() ? nullptr : d_topk.ptr, k, s.B, s.T, s.C, s.NH, samples,
-                                                 source, signed_start_dv, seed, step, layer);
+                                                 source, signed_start_dv, seed, step, layer, batch0);
     CUDA_CHECK(cudaDeviceSynchronize());
     return d_dqkv.to_host();
 }
@@ -137,13 +140,16 @@ void expect_same_backward(const Shape& s, unsigned data_seed) {
         for (uint64_t seed : seeds) {
             const uint32_t step = 5;
             const int layer = 2;
-            ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, false);
-            const vector<float> expected = cpu_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer);
-            const vector<float> got = cuda_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer);
+            const int batch0 = seed == 1 ? 0 : 2 * s.B + 1;
+            ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, batch0, false);
+            const vector<float> expected =
+                cpu_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, batch0);
+            const vector<float> got =
+                cuda_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, batch0);
             ASSERT_EQ(got.size(), expected.size());
             EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
                 << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " samples " << samples
-                << " seed " << seed;
+                << " seed " << seed << " batch0 " << batch0;
         }
     }
 }
@@ -155,15 +161,18 @@ void expect_same_lazy_gumbel_backward(const Shape& s, unsigned data_seed) {
     const int layer = 1;
     for (int k : {1, 4, s.T + 2}) {
         const vector<int> topk = brute_topk(p.qkv, s, k);
+        const int batch0 = k == 4 ? 5 : 0;
         for (int samples : {1, 5, 37}) {
-            ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer, false);
+            ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer, batch0,
+                                      false);
             const vector<float> expected =
-                cpu_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
-            const vector<float> got = cuda_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer);
+                cpu_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer, batch0);
+            const vector<float> got =
+                cuda_backward(p, GradSampleSource::LazyGumbel, topk, k, samples, seed, step, layer, batch0);
             ASSERT_EQ(got.size(), expected.size());
             EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
                 << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " k " << k << " samples "
-                << samples;
+                << samples << " batch0 " << batch0;
         }
     }
 }
@@ -193,14 +202,16 @@ void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
             for (uint64_t seed : seeds) {
                 const uint32_t step = 6;
                 const int layer = 1;
-                ASSERT_DRAWS_CLEAR_MARGIN(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
+                const int batch0 = seed == 3 ? 0 : 3;  // walk starts and rows at later global batch rows
+                ASSERT_DRAWS_CLEAR_MARGIN(p, source, lists, lazy ? k : 0, samples, seed, step, layer, batch0, true);
                 const vector<float> expected =
-                    cpu_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
-                const vector<float> got = cuda_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, true);
+                    cpu_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, batch0, true);
+                const vector<float> got =
+                    cuda_backward(p, source, lists, lazy ? k : 0, samples, seed, step, layer, batch0, true);
                 ASSERT_EQ(got.size(), expected.size());
                 EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
                     << (lazy ? "lazy-gumbel" : "exact-row") << " B " << s.B << " T " << s.T << " C " << s.C
-                    << " NH " << s.NH << " samples " << samples << " seed " << seed;
+                    << " NH " << s.NH << " samples " << samples << " seed " << seed << " batch0 " << batch0;
             }
         }
     }
@@ -255,9 +266,9 @@ CUDA_TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
     testing::FLAGS_gtest_death_test_style = "threadsafe";
     static const int topk_stub = -1;  // never read: the checks exit first
     auto run = [](GradSampleSource source, bool signed_start_dv, int samples, const int* topk = nullptr,
-                  int T = 8) {
+                  int T = 8, int batch0 = 0) {
         knngpt::cuda::sampled_attention_backward(nullptr, nullptr, nullptr, nullptr, topk, 4, 1, T, 16, 2, samples,
-                                                 source, signed_start_dv, 1, 0, 0);
+                                                 source, signed_start_dv, 1, 0, 0, batch0);
     };
     EXPECT_EXIT(run(GradSampleSource::LazyGumbel, false, 4), testing::ExitedWithCode(1),
                 "the lazy-gumbel source needs top-k lists");
@@ -270,6 +281,11 @@ CUDA_TEST(CudaSampledGrad, UnsupportedConfigurationsExit) {
     EXPECT_EXIT(run(GradSampleSource::LazyGumbel, true, 8, &topk_stub, 1 << 13), testing::ExitedWithCode(1),
                 "signed-start dV with samples = 8 at T = 8192 overflows the 28-bit draw index");
     EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 0), testing::ExitedWithCode(1), "need samples >= 1");
+    // the rows (batch0 + b) T + i of the counter: batch0 >= 0, (batch0 + 1) 8 <= 2^32
+    EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 4, nullptr, 8, -1), testing::ExitedWithCode(1),
+                "need batch0 >= 0 and");
+    EXPECT_EXIT(run(GradSampleSource::ExactRow, false, 4, nullptr, 8, 1 << 29), testing::ExitedWithCode(1),
+                "2\\^32 draw rows");
 }
 
 }  // namespace

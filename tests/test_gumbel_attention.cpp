@@ -171,7 +171,7 @@ struct ForwardProblem {
     int B = 1, T = 24, C = 16, NH = 2, k = 4;
     std::vector<float> qkv, exact_out, lse;
     std::vector<int> topk;
-    ForwardProblem() {
+    explicit ForwardProblem(int batch = 1) : B(batch) {
         qkv = random_qkv(B, T, C, 2.0f, 7);
         topk = naive_causal_topk(qkv, {B, T, C, NH}, k);
         exact_out.assign((size_t)B * T * C, 0.0f);
@@ -180,9 +180,15 @@ struct ForwardProblem {
     }
     size_t out_size() const { return (size_t)B * T * C; }
     std::vector<float> run(int groups, int t, uint64_t seed, GumbelStats* stats = nullptr, uint32_t step = 0) const {
-        std::vector<float> out(out_size(), 0.0f);
-        gumbel_attention_forward(out.data(), qkv.data(), topk.data(), B, T, C, NH, k, groups, t, seed, step, 3,
-                                 stats);
+        return run_rows(0, B, 0, groups, t, seed, stats, step);
+    }
+    // the forward on batch rows first..first + count - 1 alone, as global rows batch0..
+    std::vector<float> run_rows(int first, int count, int batch0, int groups, int t, uint64_t seed,
+                                GumbelStats* stats = nullptr, uint32_t step = 0) const {
+        std::vector<float> out((size_t)count * T * C, 0.0f);
+        gumbel_attention_forward(out.data(), qkv.data() + (size_t)first * T * 3 * C,
+                                 topk.data() + (size_t)first * NH * T * k, count, T, C, NH, k, groups, t, seed, step, 3,
+                                 batch0, stats);
         return out;
     }
 };
@@ -355,4 +361,19 @@ TEST(GumbelAttention, SameSeedGivesIdenticalOutputAndOtherSeedsDiffer) {
     for (int h = 0; h < fp.NH; h++)
         for (int c = 0; c < fp.C / fp.NH; c++)
             EXPECT_EQ(other_seed[h * (fp.C / fp.NH) + c], fp.qkv[2 * fp.C + h * (fp.C / fp.NH) + c]);
+}
+
+// Row b draws as global batch row batch0 + b (kernels/common/draws.h): a batch of 4
+// sequences and its halves at batch0 = 0 and 2 give the same output, bit for bit, and
+// the first half at batch0 = 2 draws other samples than at batch0 = 0.
+TEST(GumbelAttention, BatchSplitAtItsGlobalRowsGivesTheSameOutput) {
+    const ForwardProblem fp(4);
+    const std::vector<float> whole = fp.run(3, 4, 42, nullptr, 5);
+    std::vector<float> halves = fp.run_rows(0, 2, 0, 3, 4, 42, nullptr, 5);
+    const std::vector<float> second = fp.run_rows(2, 2, 2, 3, 4, 42, nullptr, 5);
+    halves.insert(halves.end(), second.begin(), second.end());
+    ASSERT_EQ(halves.size(), whole.size());
+    EXPECT_EQ(std::memcmp(halves.data(), whole.data(), whole.size() * sizeof(float)), 0);
+    const std::vector<float> moved = fp.run_rows(0, 2, 2, 3, 4, 42, nullptr, 5);
+    EXPECT_NE(std::memcmp(moved.data(), whole.data(), moved.size() * sizeof(float)), 0);
 }

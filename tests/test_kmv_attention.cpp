@@ -344,6 +344,35 @@ TEST(KmvSelectKeys, SameSeedGivesIdenticalListsOnAnyThreadCountOtherSeedStepOrLa
     }
 }
 
+// Row b draws as global batch row p.batch0 + b (kernels/common/draws.h), its hash
+// functions and its light samples: a batch of 2 sequences and its rows alone at
+// batch0 = 0 and 1 give the same lists, bit for bit, and row 0 alone at batch0 = 1
+// other lists.
+TEST(KmvSelectKeys, BatchSplitAtItsGlobalRowsGivesTheSameLists) {
+    const Shape s{2, 80, 32, 2}, one{1, 80, 32, 2};
+    const int max_keys = 16;
+    const std::vector<float> qkv = gaussian_qkv(s, 0.6, 4);
+    const size_t half = qkv.size() / 2;  // (B, T, 3C): row 0, then row 1
+    const std::vector<float> first(qkv.begin(), qkv.begin() + half), second(qkv.begin() + half, qkv.end());
+    KmvParams p;
+    p.light_samples = 8;
+    p.seed = 1234;
+    p.step = 3;
+    p.layer = 1;
+    const Lists whole = select(qkv, s, max_keys, p);
+    KmvParams at1 = p;
+    at1.batch0 = 1;
+    const Lists a = select(first, one, max_keys, p), b = select(second, one, max_keys, at1);
+    std::vector<int> idx = a.idx;
+    idx.insert(idx.end(), b.idx.begin(), b.idx.end());
+    std::vector<float> logw = a.logw;
+    logw.insert(logw.end(), b.logw.begin(), b.logw.end());
+    EXPECT_EQ(idx, whole.idx);
+    EXPECT_EQ(logw, whole.logw);
+    EXPECT_EQ(a.stats.candidates + b.stats.candidates, whole.stats.candidates);
+    EXPECT_NE(select(first, one, max_keys, at1).idx, a.idx);
+}
+
 TEST(KmvSelectKeys, EveryEntryHeavyKeepsTheLargestKernelValuesWithinTheBudget) {
     // tiny norms: every causal entry has K_ij close to 1 >= n_i^-alpha, and every pair
     // collides (distance << bucket width), so H_i = {0..i} before the budget

@@ -374,6 +374,47 @@ TEST(Model, GradientAccumulationEqualsOneBigBatch) {
     EXPECT_LT(max_rel_error(gs.data(), gb.data(), gb.size()), 1e-5);
 }
 
+// The stochastic modes too, when each micro-batch's forward names the global rows
+// it holds (draw_batch0 = micro B, kernels/common/draws.h): the two micro-batches
+// draw the samples the big batch draws for the same sequences. Drawing both at rows
+// 0.. (draw_batch0 0) instead gives other samples, far outside the tolerance.
+TEST(Model, GradientAccumulationAtGlobalRowsDrawsTheSamplesOfOneBigBatch) {
+    GPTConfig c = tiny_config();
+    std::vector<float> init = gpt_random_init(c, 5);
+    std::vector<int> in(4 * 8), tg(4 * 8);
+    for (size_t i = 0; i < in.size(); i++) in[i] = (int)(i * 7 % 30), tg[i] = (int)(i * 11 % 30);
+    AttnConfig tail, sampled, gumbel, kmv;
+    tail.mode = AttnMode::KnnTail, tail.k = 2, tail.tail = 2;
+    sampled.grad = AttnGrad::Sampled, sampled.grad_samples = 2, sampled.grad_signed_dv = true;
+    gumbel.mode = AttnMode::Gumbel, gumbel.k = 3, gumbel.grad = AttnGrad::Sampled, gumbel.grad_samples = 2;
+    kmv.mode = AttnMode::Kmv, kmv.k = 2, kmv.tail = 2;
+    for (AttnConfig attn : {tail, sampled, gumbel, kmv}) {
+        attn.seed = 17;
+        const uint32_t step = training_draw_step(3);
+        GPT big, small;
+        big.attn = small.attn = attn;
+        gpt_build(big, c, init, 4, 8);
+        gpt_build(small, c, init, 2, 8);
+        gpt_zero_grad(big);
+        gpt_forward(big, in.data(), tg.data(), 4, 8, step);
+        gpt_backward(big, 1.0f / 32);
+        std::vector<float> gb(big.num_parameters), gs(small.num_parameters);
+        ops::copy_to_host(gb.data(), big.grads_memory, gb.size() * sizeof(float));
+        for (bool global_rows : {true, false}) {
+            gpt_zero_grad(small);
+            for (int micro = 0; micro < 2; micro++) {
+                const int batch0 = global_rows ? (int)draw_batch0(micro, 1, 0, 2) : 0;
+                gpt_forward(small, in.data() + micro * 16, tg.data() + micro * 16, 2, 8, step, 0.0f, batch0);
+                gpt_backward(small, 1.0f / 32);
+            }
+            ops::copy_to_host(gs.data(), small.grads_memory, gs.size() * sizeof(float));
+            const double error = max_rel_error(gs.data(), gb.data(), gb.size());
+            if (global_rows) EXPECT_LT(error, 1e-5) << attn_description(attn);
+            else EXPECT_GT(error, 1e-3) << attn_description(attn) << " (the micro-batches drawn at rows 0..)";
+        }
+    }
+}
+
 TEST(Model, FusedClassifierGivesTheSameLossAndGradients) {
     // the training step's fused forward (losses and dlogits in one pass) against forward + backward
     GPTConfig c = tiny_config();  // V = 30 padded to Vp = 32

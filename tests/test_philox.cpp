@@ -43,6 +43,28 @@ TEST(Philox, DrawsArePureFunctionsOfSeedSiteAndIndex) {
     EXPECT_NE(philox_draw(high, DRAW_TAIL_POSITION, 5).x[0], a.x[0]);
 }
 
+// The counter's step and rows: the training step is the optimizer step whatever the
+// micro-batch, and micro-batch m of rank r of W (B rows each) starts at global row
+// (m W + r) B, so W ranks, one process of W B rows and W micro-batches of B rows lay
+// out the same rows; rows up to 2^32 - 1 are counted in unsigned arithmetic.
+TEST(Philox, DrawStepAndGlobalRowsOfTheCounter) {
+    EXPECT_EQ(training_draw_step(0), 0u);
+    EXPECT_EQ(training_draw_step(12345), 12345u);
+    EXPECT_EQ(draw_batch0(0, 1, 0, 4), 0);
+    EXPECT_EQ(draw_batch0(0, 4, 3, 8), 24);   // rank 3 of 4: rows 24..31
+    EXPECT_EQ(draw_batch0(1, 4, 0, 8), 32);   // the next micro-batch starts after all ranks
+    EXPECT_EQ(draw_batch0(3, 1, 0, 8), 24);   // 4 micro-batches of one process = 4 ranks
+    EXPECT_EQ(draw_batch0(2, 2, 1, 3), 15);
+    EXPECT_TRUE(draw_rows_fit(1ll << 22, 1024));        // (batch0 + B) T = 2^32: rows up to 2^32 - 1
+    EXPECT_FALSE(draw_rows_fit((1ll << 22) + 1, 1024));
+    EXPECT_FALSE(draw_rows_fit(1ll << 31, 1));           // batch0 is an int
+    EXPECT_FALSE(draw_rows_fit(-1, 8));
+    EXPECT_EQ(row_draw_site(1, 2, 0, 1, 0, 5, 16, 3).batch_query, 5u * 16 + 3);
+    EXPECT_EQ(head_draw_site(1, 2, 0, 1, 0, 5, 16).batch_query, 5u * 16);
+    // the last row that fits: (2^22 - 1) 1024 + 1023 = 2^32 - 1, past int
+    EXPECT_EQ(row_draw_site(1, 2, 0, 1, 0, (1 << 22) - 1, 1024, 1023).batch_query, 0xFFFFFFFFu);
+}
+
 TEST(Philox, UniformsStayInsideTheOpenIntervalAndHaveTheRightMoments) {
     EXPECT_GT(uniform_open01(0u), 0.0f);
     EXPECT_LT(uniform_open01(0xffffffffu), 1.0f);

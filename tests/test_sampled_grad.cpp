@@ -67,9 +67,16 @@ struct GradProblem {
     }
     size_t size() const { return qkv.size(); }
     std::vector<float> run(const Config& cfg, int samples, uint64_t seed, GumbelStats* stats = nullptr) const {
-        std::vector<float> dqkv(size(), 0.0f);
-        sampled_attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), topk.data(), k, B, T, C, NH,
-                                   samples, cfg.source, cfg.signed_start_dv, seed, 5, 1, stats);
+        return run_rows(0, B, 0, cfg, samples, seed, stats);
+    }
+    // the backward on batch rows first..first + count - 1 alone, as global rows batch0..
+    std::vector<float> run_rows(int first, int count, int batch0, const Config& cfg, int samples, uint64_t seed,
+                                GumbelStats* stats = nullptr) const {
+        std::vector<float> dqkv((size_t)count * T * 3 * C, 0.0f);
+        const size_t rows = (size_t)first * T;  // (b, t) rows before the first
+        sampled_attention_backward(dqkv.data(), dout.data() + rows * C, qkv.data() + rows * 3 * C,
+                                   out.data() + rows * C, topk.data() + (size_t)first * NH * T * k, k, count, T, C, NH,
+                                   samples, cfg.source, cfg.signed_start_dv, seed, 5, 1, batch0, stats);
         return dqkv;
     }
     // which gradient an element of dqkv belongs to: 0 dQ, 1 dK, 2 dV
@@ -217,7 +224,7 @@ TEST(SampledGrad, AccumulatesIntoDqkv) {
     const std::vector<float> fresh = gp.run(cfg, 4, 3);
     std::vector<float> dqkv(gp.size(), 1.0f);
     sampled_attention_backward(dqkv.data(), gp.dout.data(), gp.qkv.data(), gp.out.data(), gp.topk.data(), gp.k, gp.B,
-                               gp.T, gp.C, gp.NH, 4, cfg.source, cfg.signed_start_dv, 3, 5, 1);
+                               gp.T, gp.C, gp.NH, 4, cfg.source, cfg.signed_start_dv, 3, 5, 1, 0);
     for (size_t e = 0; e < gp.size(); e++) ASSERT_FLOAT_EQ(dqkv[e], 1.0f + fresh[e]) << "element " << e;
 }
 
@@ -225,6 +232,26 @@ TEST(SampledGrad, ExactRowSourceNeedsNoTopkList) {
     const GradProblem gp;
     std::vector<float> with_list = gp.run(kConfigs[0], 4, 11), without(gp.size(), 0.0f);
     sampled_attention_backward(without.data(), gp.dout.data(), gp.qkv.data(), gp.out.data(), nullptr, 0, gp.B, gp.T,
-                               gp.C, gp.NH, 4, GradSampleSource::ExactRow, false, 11, 5, 1);
+                               gp.C, gp.NH, 4, GradSampleSource::ExactRow, false, 11, 5, 1, 0);
     EXPECT_EQ(std::memcmp(with_list.data(), without.data(), without.size() * sizeof(float)), 0);
+}
+
+// Row b draws as global batch row batch0 + b (kernels/common/draws.h), its row samples
+// and, with signed-start dV, its walk starts, which run down the T rows of one (b, h)
+// and never mix batch rows. So for every configuration a batch of 2 sequences and its
+// rows alone at batch0 = 0 and 1 give the same dqkv, bit for bit (the CPU sums each
+// head in its own order), and row 0 alone at batch0 = 1 draws other samples.
+TEST(SampledGrad, BatchSplitAtItsGlobalRowsGivesTheSameGradients) {
+    const GradProblem gp;
+    ASSERT_EQ(gp.B, 2);
+    for (const Config& cfg : kConfigs) {
+        const std::vector<float> whole = gp.run(cfg, 4, 3);
+        std::vector<float> split = gp.run_rows(0, 1, 0, cfg, 4, 3);
+        const std::vector<float> second = gp.run_rows(1, 1, 1, cfg, 4, 3);
+        split.insert(split.end(), second.begin(), second.end());
+        ASSERT_EQ(split.size(), whole.size());
+        EXPECT_EQ(std::memcmp(split.data(), whole.data(), whole.size() * sizeof(float)), 0) << cfg.name();
+        const std::vector<float> moved = gp.run_rows(0, 1, 1, cfg, 4, 3);
+        EXPECT_NE(std::memcmp(moved.data(), whole.data(), moved.size() * sizeof(float)), 0) << cfg.name();
+    }
 }

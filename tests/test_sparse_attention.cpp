@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <random>
@@ -161,9 +162,10 @@ struct TailLists {
     vector<float> logw;
 };
 TailLists sample_tail_lists(const vector<int>& head_lists, const Shape& s, int k, int m, bool with_replacement,
-                            uint64_t seed, uint32_t step = 0, int layer = 0) {
+                            uint64_t seed, uint32_t step = 0, int layer = 0, int batch0 = 0) {
     TailLists lists{head_lists, vector<float>(head_lists.size(), 0.0f)};
-    cpu::sample_tail_keys(lists.idx.data(), lists.logw.data(), s.B, s.T, s.NH, k, m, with_replacement, seed, step, layer);
+    cpu::sample_tail_keys(lists.idx.data(), lists.logw.data(), s.B, s.T, s.NH, k, m, with_replacement, seed, step, layer,
+                          batch0);
     return lists;
 }
 
@@ -555,6 +557,30 @@ TEST(KnnTail, ListsAreAPureFunctionOfSeedStepAndLayer) {
         EXPECT_NE(sample_tail_lists(head_lists, s, k, m, with_replacement, 8, 3, 1).idx, lists.idx);
         EXPECT_NE(sample_tail_lists(head_lists, s, k, m, with_replacement, 7, 4, 1).idx, lists.idx);
         EXPECT_NE(sample_tail_lists(head_lists, s, k, m, with_replacement, 7, 3, 2).idx, lists.idx);
+    }
+}
+
+// Row b draws as global batch row batch0 + b (kernels/common/draws.h): a batch of 4
+// sequences and its two halves at batch0 = 0 and 2 give the same lists, bit for bit,
+// and the first half at batch0 = 2 draws other samples than at batch0 = 0.
+TEST(KnnTail, BatchSplitAtItsGlobalRowsDrawsTheSameLists) {
+    const Shape s{4, 64, 32, 2}, half{2, 64, 32, 2};
+    const int k = 4, m = 8;
+    const auto head_lists = naive_causal_topk(uniform(s.qkv_size(), 46, -2.0f, 2.0f), s, k, k + m);
+    const size_t half_size = head_lists.size() / 2;  // (B, NH, T, K): rows 0..1, then 2..3
+    const vector<int> first(head_lists.begin(), head_lists.begin() + half_size);
+    const vector<int> second(head_lists.begin() + half_size, head_lists.end());
+    for (bool with_replacement : {false, true}) {
+        const auto whole = sample_tail_lists(head_lists, s, k, m, with_replacement, 7, 3, 1, 0);
+        const auto a = sample_tail_lists(first, half, k, m, with_replacement, 7, 3, 1, 0);
+        const auto b = sample_tail_lists(second, half, k, m, with_replacement, 7, 3, 1, half.B);
+        vector<int> idx = a.idx;
+        idx.insert(idx.end(), b.idx.begin(), b.idx.end());
+        vector<float> logw = a.logw;
+        logw.insert(logw.end(), b.logw.begin(), b.logw.end());
+        EXPECT_EQ(idx, whole.idx) << "with replacement " << with_replacement;
+        EXPECT_EQ(std::memcmp(logw.data(), whole.logw.data(), logw.size() * sizeof(float)), 0);
+        EXPECT_NE(sample_tail_lists(first, half, k, m, with_replacement, 7, 3, 1, half.B).idx, a.idx);
     }
 }
 

@@ -397,9 +397,13 @@ static int run(const Options& o) {
     DataLoader val_loader(o.val_pattern, o.B, o.T, 0, 1, false, o.seed, cfg.vocab_size);
     long train_steps = o.max_steps > 0 ? o.max_steps : (long)(train_loader.batches_per_epoch() / accum_steps);
     if (train_steps < 1) die("the train data holds fewer batches than one optimizer step needs");
-    if ((double)train_steps * accum_steps >= (double)kSamplingDrawStep)
-        die("-x " + std::to_string(train_steps) + " steps of " + std::to_string(accum_steps) +
-            " micro-batches pass the 2^30 training steps of the attention draws (kernels/common/draws.h)");
+    if ((double)train_steps >= (double)kSamplingDrawStep)
+        die("-x " + std::to_string(train_steps) +
+            " steps pass the 2^30 training steps of the attention draws (kernels/common/draws.h)");
+    // the micro-batches of a step draw as consecutive rows of its whole batch
+    if (!draw_rows_fit(draw_batch0(accum_steps, 1, 0, o.B), o.T))
+        die("-d " + std::to_string(total_batch) + " tokens a step pass the 2^32 rows of the attention draws "
+            "(kernels/common/draws.h)");
 
     GPT model;
     model.attn = attn;
@@ -526,8 +530,8 @@ static int run(const Options& o) {
             if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
             // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
             const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps);
-            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, training_draw_step(step, accum_steps, micro),
-                        dloss);
+            gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, training_draw_step(step), dloss,
+                        (int)draw_batch0(micro, 1, 0, o.B));
             gpt_backward(model, dloss);
             loss_sum += model.mean_loss;
         }

@@ -35,6 +35,7 @@ struct KmvParams {
     uint64_t seed = 1;
     uint32_t step = 0;
     int layer = 0;
+    int batch0 = 0;  // the global batch row of local row 0 (kernels/common/draws.h)
 };
 
 enum class GradSampleSource { ExactRow, LazyGumbel };

@@ -5,18 +5,22 @@
 //   counter = (step, site, row, (purpose << 28) | index)      index < 2^28
 //
 // step: the trainer's call, in three namespaces that never meet
-//   training    optimizer step t (from 0) with micro-batch m of A:  t * A + m   (< 2^30)
+//   training    the optimizer step t (from 0), the same for all its micro-batches (< 2^30)
 //   sampling    kSamplingDrawStep + position of the generated token
 //   evaluation  kEvaluationDrawStep + validation batch number, so every
 //               evaluation draws the same samples
-// site, row: which attention row a draw belongs to
-//   per query row   (layer * NH + head, batch * T + query)            row_draw_site
-//   per head        the site of the head's query 0, row = batch * T    head_draw_site
+// site, row: which attention row a draw belongs to; b is a forward's local batch
+//   row, batch0 the global row of its row 0 in the step's whole batch (draw_batch0),
+//   so a step draws the same samples for a sequence however its batch is split over
+//   processes and micro-batches; (batch0 + B) * T <= 2^32 (draw_rows_fit)
+//   per query row   (layer * NH + head, (batch0 + b) * T + query)      row_draw_site
+//   per head        the site of the head's query 0: row (batch0 + b) * T  head_draw_site
 //                   (signed-start walk starts, KMV hash functions)
 //   LSH tables      (layer * NH + head, table)                         lsh_table_draw_site
 //                   (one set of hyperplanes serves every batch row of a head; LSH
 //                   and KMV both hash with DRAW_HASH, and their sites can coincide
-//                   (row b*T equal to a table number), but never in one forward)
+//                   (row (batch0 + b) T equal to a table number), but never in one
+//                   forward)
 // purpose and index: one stream per use (below); a Philox call gives four 32-bit
 //   words, and a draw uses words 0 (and 1 for 64 bits) or, where a sampler takes two
 //   fp64 uniforms per call, words 0,1 and 2,3, so no two draws share a word.
@@ -32,8 +36,10 @@
 //                         the start of signed-start walk n of column c (N = T s)
 //   DRAW_HASH             LSH: m (HS + 1) + d, entry d of hyperplane m; KMV: f (D + 2) + c
 //   DRAW_LIGHT_SAMPLE     index t: light sample t of a KMV row
-// Every draw is therefore a pure function of (seed, step, layer, head, batch, query,
-// purpose, index): forward and backward, CPU and CUDA regenerate the same numbers.
+// Every draw is therefore a pure function of (seed, step, layer, head, global batch
+// row, query, purpose, index): forward and backward, CPU and CUDA, W processes of B
+// rows, one of W B rows and one of B rows with W micro-batches a step regenerate the
+// same numbers.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -58,10 +64,20 @@ enum DrawPurpose : uint32_t {
 constexpr uint32_t kSamplingDrawStep = 0x40000000u;
 constexpr uint32_t kEvaluationDrawStep = 0x80000000u;
 
-// The step of micro-batch `micro` of optimizer step `step` (from 0), with
-// `accumulation` micro-batches per step.
-inline uint32_t training_draw_step(long step, int accumulation, int micro) {
-    return (uint32_t)(step * accumulation + micro);
+// The step of every forward of optimizer step `step` (from 0), whichever micro-batch.
+inline uint32_t training_draw_step(long step) { return (uint32_t)step; }
+// The global batch row of a forward's local row 0: micro-batch `micro` of a step,
+// on rank `rank` of `world` processes of B rows each, holds rows
+// (micro * world + rank) * B .. + B - 1 of the step's whole batch. Evaluation
+// passes micro 0 (the validation batch number is in its step), sampling 0.
+inline long long draw_batch0(int micro, int world, int rank, int B) {
+    return ((long long)micro * world + rank) * B;
+}
+// Whether global batch rows below batch0_end fit the counter at sequence length
+// T: every row index (batch0 + b) * T + query < 2^32, i.e. batch0_end * T <= 2^32,
+// and batch0 an int.
+inline bool draw_rows_fit(long long batch0_end, int T) {
+    return batch0_end >= 0 && batch0_end <= 0x7FFFFFFFll && batch0_end * (long long)T <= (1ll << 32);
 }
 // The step of the forward that generates token `position` of a sample.
 inline uint32_t sampling_draw_step(int position) { return kSamplingDrawStep + (uint32_t)position; }
@@ -74,11 +90,13 @@ struct DrawSite {
     uint32_t step, layer_head, batch_query;
 };
 
-KNNGPT_HD DrawSite row_draw_site(uint64_t seed, uint32_t step, int layer, int NH, int h, int b, int T, int i) {
-    return DrawSite{seed, step, (uint32_t)(layer * NH + h), (uint32_t)(b * T + i)};
+// row: the global batch row, batch0 + b (draw_batch0); unsigned arithmetic, so any
+// row that draw_rows_fit admits.
+KNNGPT_HD DrawSite row_draw_site(uint64_t seed, uint32_t step, int layer, int NH, int h, int row, int T, int i) {
+    return DrawSite{seed, step, (uint32_t)(layer * NH + h), (uint32_t)row * (uint32_t)T + (uint32_t)i};
 }
-KNNGPT_HD DrawSite head_draw_site(uint64_t seed, uint32_t step, int layer, int NH, int h, int b, int T) {
-    return row_draw_site(seed, step, layer, NH, h, b, T, 0);
+KNNGPT_HD DrawSite head_draw_site(uint64_t seed, uint32_t step, int layer, int NH, int h, int row, int T) {
+    return row_draw_site(seed, step, layer, NH, h, row, T, 0);
 }
 KNNGPT_HD DrawSite lsh_table_draw_site(uint64_t seed, uint32_t step, int layer, int NH, int h, int table) {
     return DrawSite{seed, step, (uint32_t)(layer * NH + h), (uint32_t)table};

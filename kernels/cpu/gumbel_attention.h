@@ -72,13 +72,16 @@ inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, i
 
 inline void gumbel_attention_forward(float* out, const float* qkv, const int* topk_idx, int B, int T, int C, int NH,
                                      int k, int groups, int samples_per_group, uint64_t seed, uint32_t step,
-                                     int layer, GumbelStats* stats = nullptr) {
+                                     int layer, int batch0, GumbelStats* stats = nullptr) {
     const int HS = C / NH;
     const int C3 = 3 * C;
     const float tau = attention_tau(HS);
     const int r = groups, t = samples_per_group;
     if (r < 1 || t < 1)
         throw std::invalid_argument("kernels/cpu/gumbel_attention.h: groups and samples_per_group must be >= 1");
+    if (batch0 < 0 || !draw_rows_fit((long long)batch0 + B, T))
+        throw std::invalid_argument("kernels/cpu/gumbel_attention.h: need batch0 >= 0 and (batch0 + B) * T <= 2^32 "
+                                    "draw rows");
     // forward sample u of a row is sample number 2u (even): the last row bounds them all
     if (2ull * (uint64_t)r * (uint64_t)t > lazy_gumbel_sample_capacity(T))
         throw std::invalid_argument("kernels/cpu/gumbel_attention.h: groups * samples_per_group = " +
@@ -103,7 +106,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                     const float* q_i = qkv + at.q + (size_t)i * C3;
                     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
                     const int n_i = i + 1;
-                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
+                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
                     int head = 0;
                     while (head < k && topk[head] >= 0) head++;
                     const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);

@@ -61,11 +61,12 @@
 //            (> 0, since |L_i| >= n_i - (K - m) > m); -1 and logw 0 after.
 //   With m = 0 the light part is dropped (the row is heavy keys only, biased).
 //
-// Draws (Philox, kernels/common/draws.h). Head h of batch b: hash functions at
-// query 0's site {seed, step, layer * NH + h, b * T}, purpose DRAW_HASH, draw
+// Draws (Philox, kernels/common/draws.h), with g = p.batch0 + b the global batch row
+// of local row b. Head h of batch row b: hash functions at query 0's site
+// {seed, step, layer * NH + h, g * T}, purpose DRAW_HASH, draw
 // index f * (D + 2) + c: c < D + 1 gives coordinate c of a_f (Box-Muller from the
 // four words, cosine branch), c = D + 1 gives b_f = w u (words 0, 1). Query i:
-// site {seed, step, layer * NH + h, b * T + i}, purpose DRAW_LIGHT_SAMPLE,
+// site {seed, step, layer * NH + h, g * T + i}, purpose DRAW_LIGHT_SAMPLE,
 // draw index t = 0..m-1, word 0: Floyd's algorithm — top = |L_i| - m + t,
 // u = uniform_below(word, top + 1), add u, or top if u is already chosen —
 // gives a uniform m-subset of positions in [0, |L_i|) (bias of uniform_below
@@ -303,6 +304,8 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
     kmv_check(p.light_samples >= 0, "light_samples must be >= 0");
     kmv_check(T <= (1 << 28) && (long long)p.num_tables * p.num_bits * (C / NH + 2) < (1ll << 28),
               "num_tables * num_bits * (HS + 2) must stay below 2^28 Philox draws");
+    kmv_check(p.batch0 >= 0 && draw_rows_fit((long long)p.batch0 + B, T),
+              "need batch0 >= 0 and (batch0 + B) * T <= 2^32 draw rows");
     const int HS = C / NH;
     const int C3 = 3 * C;
     const int K = max_keys;
@@ -343,7 +346,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     radius2 = std::max(radius2, key_norm2[j]);
                     prefix_radius2[j] = radius2;
                 }
-                const DrawSite hash_site = head_draw_site(p.seed, p.step, p.layer, NH, h, b, T);
+                const DrawSite hash_site = head_draw_site(p.seed, p.step, p.layer, NH, h, p.batch0 + b, T);
                 const KmvHashFamily family = kmv_draw_hash_family(hash_site, HS, T, p);
 
                 auto estimate_row = [&](int i, const std::vector<int>& candidates) {
@@ -378,7 +381,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     }
                     const uint32_t light_count = (uint32_t)(i + 1 - num_heavy);  // > m
                     if (m > 0) {
-                        const DrawSite row_site = row_draw_site(p.seed, p.step, p.layer, NH, h, b, T, i);
+                        const DrawSite row_site = row_draw_site(p.seed, p.step, p.layer, NH, h, p.batch0 + b, T, i);
                         kmv_sample_light_keys(light_keys.data(), chosen.data(), row_site, m, light_count,
                                               heavy_keys.data(), num_heavy);
                         const float light_logw = (float)std::log((double)light_count / (double)m);

@@ -26,11 +26,13 @@
 //               cumulative sums, J by inverse CDF (one fp64 uniform per sample)
 //   LazyGumbel  lazy_gumbel_sample on the row's top-k list (gumbel_attention.h), with
 //               the default exceeder cap; exact in law like ExactRow.
-// Draws (kernels/common/draws.h), at the row's site row_draw_site(.., b, T, i):
+// Draws (kernels/common/draws.h), at the row's site row_draw_site(.., batch0 + b, T, i)
+// (batch0: the global batch row of local row 0):
 //   ExactRow    DRAW_GRADIENT_SAMPLE index m (< kWalkStartDrawIndex): backward sample m
 //   LazyGumbel  lazy Gumbel sample number sampled_grad_sample_number(m) = 2m + 1
 //   walk starts DRAW_GRADIENT_SAMPLE index walk_start_draw_index(c, N, n) at the head's
-//               site head_draw_site(.., b, T): the start of walk n of column c
+//               site head_draw_site(.., batch0 + b, T): the start of walk n of column c
+//               (a column's walks stay within the T rows of one (b, h))
 // so the result is deterministic for a given seed.
 //
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h; dout, out (B, T, C); topk_idx
@@ -147,7 +149,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
 inline void sampled_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
                                        GradSampleSource source, bool signed_start_dv, uint64_t seed,
-                                       uint32_t step, int layer, GumbelStats* stats = nullptr) {
+                                       uint32_t step, int layer, int batch0, GumbelStats* stats = nullptr) {
     const int HS = C / NH;
     const int C3 = 3 * C;
     const float tau = attention_tau(HS);
@@ -159,6 +161,8 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
     if (!sampled_grad_draws_fit(T, HS, s, signed_start_dv, source == GradSampleSource::LazyGumbel))
         throw std::invalid_argument(std::string(where) + "samples = " + std::to_string(s) + " at T = " +
                                     std::to_string(T) + " overflows the 28-bit draw index, expected fewer");
+    if (batch0 < 0 || !draw_rows_fit((long long)batch0 + B, T))
+        throw std::invalid_argument(std::string(where) + "need batch0 >= 0 and (batch0 + B) * T <= 2^32 draw rows");
 
     long long total_samples = 0, total_exceeders = 0, total_fallbacks = 0;
     double smallest_margin = INFINITY;
@@ -186,7 +190,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                 if (signed_start_dv) {
                     walk_counts.resize((size_t)HS * T);
                     sampled_grad_walk_starts(walk_counts.data(), walk_weight.data(), d_o, C, T, HS, s,
-                                             head_draw_site(seed, step, layer, NH, h, b, T), cdf.data(),
+                                             head_draw_site(seed, step, layer, NH, h, batch0 + b, T), cdf.data(),
                                              margin_or_null);
                 }
 
@@ -196,7 +200,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                     const float* d_o_i = d_o + (size_t)i * C;
                     const float* o_i = o + (size_t)i * C;
                     const int* topk = topk_idx ? topk_idx + (((size_t)b * NH + h) * T + i) * k : nullptr;
-                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
+                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
                     // samples J_{i,0..count-1}: s for dQ/dK (and dV), more if a column's walks need them
                     int count = s;
                     if (signed_start_dv)

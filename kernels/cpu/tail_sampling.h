@@ -20,7 +20,8 @@
 // Draws. A draw is a tail position p in [0, |R_i|), mapped to its key by
 // skipping the sorted S_i: key(p) = p + #{r : S_i[r] - r <= p} (S_i[r] - r
 // counts the tail keys below S_i[r]). Query i of (b, h) reads the Philox stream
-// at site {seed, step, layer * NH + h, b * T + i}, purpose DRAW_TAIL_POSITION;
+// at site {seed, step, layer * NH + h, (batch0 + b) * T + i}, purpose DRAW_TAIL_POSITION
+// (batch0: the global batch row of local row 0, kernels/common/draws.h);
 // draw index t (t = 0..m-1) is the row's t-th draw and uses word 0 only:
 //   with replacement:    p_t = uniform_below(word_t, |R_i|);
 //   without replacement: Floyd's algorithm — with top_t = |R_i| - m + t,
@@ -37,6 +38,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "kernels/common/draws.h"
@@ -95,7 +97,10 @@ inline int tail_position_to_key(uint32_t p, const int* head_gap, int n_head) {
 }
 
 inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k, int m, bool with_replacement,
-                             uint64_t seed, uint32_t step, int layer) {
+                             uint64_t seed, uint32_t step, int layer, int batch0) {
+    if (batch0 < 0 || !draw_rows_fit((long long)batch0 + B, T))
+        throw std::invalid_argument("kernels/cpu/tail_sampling.h: need batch0 >= 0 and (batch0 + B) * T <= 2^32 "
+                                    "draw rows");
     const int K = k + m;
     #pragma omp parallel
     {
@@ -137,7 +142,7 @@ inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k,
                         }
                         continue;
                     }
-                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
+                    const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
                     tail_position_words(words.data(), site, m);
                     if (with_replacement)
                         tail_positions_with_replacement(positions.data(), words.data(), m, (uint32_t)tail_size);

@@ -32,7 +32,7 @@ constexpr int kGumbelMaxGroups = 16;
 // ---- CUDA kernel --------------------------------------------------------------
 
 // One warp per row (b, h, i) (warp_row.cuh), the longest rows first. J_n is drawn
-// at site {seed, step, layer*NH + h, b*T + i} with the cap
+// at site {seed, step, layer*NH + h, (batch0 + b)*T + i} with the cap
 // lazy_gumbel_default_max_exceeders(n_i - |S_i|, |S_i|), n_i = i + 1 (even sample
 // numbers: the sampled backward uses the odd ones).
 //   samples  the r t samples of the row in chunks of 32: lane L draws sample n0 + L
@@ -48,7 +48,7 @@ constexpr int kGumbelMaxGroups = 16;
 
 __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, const int* topk_idx, int B, int T,
                                                 int C, int NH, int k, int groups, int samples_per_group, float tau,
-                                                uint64_t seed, uint32_t step, int layer) {
+                                                uint64_t seed, uint32_t step, int layer, int batch0) {
     const int lane_id = threadIdx.x % 32;
     const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
@@ -56,7 +56,7 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
     const int i = row.t, h = row.h, b = row.b, n_i = i + 1;
     const int HS = row.HS, C3 = row.C3;
     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
-    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
+    const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
     int head = 0;
     while (head < k && topk[head] >= 0) head++;
     const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);
@@ -116,7 +116,7 @@ __global__ void gumbel_attention_forward_kernel(float* out, const float* qkv, co
 
 inline void gumbel_attention_forward(float* out, const float* qkv, const int* topk_idx, int B, int T, int C, int NH,
                                      int k, int groups, int samples_per_group, uint64_t seed, uint32_t step,
-                                     int layer) {
+                                     int layer, int batch0) {
     if (groups < 1 || groups > kGumbelMaxGroups || samples_per_group < 1) {
         std::fprintf(stderr, "gumbel_attention_forward: need 1 <= groups <= %d and samples_per_group >= 1 in the "
                              "CUDA build (got %d and %d)\n", kGumbelMaxGroups, groups, samples_per_group);
@@ -134,12 +134,17 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                              "(got C=%d NH=%d k=%d)\n", kWarpRowMaxHeadSize, C, NH, k);
         std::exit(1);
     }
+    if (batch0 < 0 || !draw_rows_fit((long long)batch0 + B, T)) {
+        std::fprintf(stderr, "gumbel_attention_forward: need batch0 >= 0 and (batch0 + B) * T <= 2^32 draw rows (got "
+                             "batch0=%d B=%d T=%d)\n", batch0, B, T);
+        std::exit(1);
+    }
     const int rows = B * NH * T;
     if (rows == 0) return;
     const float tau = attention_tau(C / NH);
     const int rows_per_block = kGumbelThreads / 32;
     launch(gumbel_attention_forward_kernel, ceil_div(rows, rows_per_block), kGumbelThreads, 0, nullptr, out, qkv,
-           topk_idx, B, T, C, NH, k, groups, samples_per_group, tau, seed, step, layer);
+           topk_idx, B, T, C, NH, k, groups, samples_per_group, tau, seed, step, layer, batch0);
 }
 
 }  // namespace knngpt::cuda

@@ -36,7 +36,8 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 // ---- samples and terms, as the CPU twin computes them ------------------------
 // For every row (b, h, i), with n_i = i + 1 keys, backward sample m (0 <= m < s) is
 // J_m ~ P_i (the causal softmax row), from one of two sources at site
-// {seed, step, layer*NH + h, b*T + i}:
+// {seed, step, layer*NH + h, (batch0 + b)*T + i}, batch0 the global batch row of local
+// row 0 (kernels/common/draws.h):
 //   ExactRow    s_ij = attention_score (kernels/common/attention_score.h): the fma
 //                                         chain acc = fma(q_c, k_jc, acc) over
 //                                         c = 0..HS-1 in order, then tau * acc
@@ -57,8 +58,8 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //   cdf_i = |x_0| + ... + |x_i|            fp64, summed in i order; l1 = cdf_{T-1}
 //   N = T s walks of weight l1 / N (none if l1 == 0); walk n starts at row
 //   i_n = the first i with cdf_i > u_n l1 (T - 1 if none), u_n = uniform_open01_f64 of
-//   DRAW_GRADIENT_SAMPLE index 2^27 + c N + n at the site {seed, step, layer*NH + h, b*T}
-//   (query 0 of (b, h)); W_ic = the walks of column c that start at row i.
+//   DRAW_GRADIENT_SAMPLE index 2^27 + c N + n at the site
+//   {seed, step, layer*NH + h, (batch0 + b)*T} (query 0 of (b, h)); W_ic = the walks of column c that start at row i.
 // Row i then draws count_i = max(s, max_c W_ic) samples J_0, J_1, ... (the row-wise
 // sequence, longer), uses J_0..J_{s-1} for dQ and dK as above, and for every column c
 // adds (x_ic > 0 ? l1 / N : -l1 / N) to dV_{J_m, c} for m < W_ic.
@@ -145,7 +146,7 @@ __device__ __forceinline__ double sampled_grad_weight(const float* q, const floa
 // side for the row kernel); walk_weight: (B, NH, HS).
 __global__ void sampled_grad_walk_start_kernel(double* cdf, int* walk_counts, double* walk_weight, const float* dout,
                                                int B, int T, int C, int NH, int samples, uint64_t seed, uint32_t step,
-                                               int layer) {
+                                               int layer, int batch0) {
     const int lane_id = threadIdx.x % 32;
     const int HS = C / NH;
     const int column = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b * NH + h) * HS + c
@@ -176,7 +177,7 @@ __global__ void sampled_grad_walk_start_kernel(double* cdf, int* walk_counts, do
     if (lane_id == 0) walk_weight[column] = l1 / (double)walks;
     if (l1 == 0.0) return;  // a column of zeros has no walks (every lane holds the same l1)
     // walk n starts at the first row i with cdf_i > u_n l1 (T - 1 if none), as sampled_grad_pick
-    const DrawSite site = head_draw_site(seed, step, layer, NH, h, b, T);
+    const DrawSite site = head_draw_site(seed, step, layer, NH, h, batch0 + b, T);
     for (long long n = lane_id; n < walks; n += 32) {
         const Philox4 draw = philox_draw(site, DRAW_GRADIENT_SAMPLE, walk_start_draw_index(c, walks, n));
         const double target = uniform_open01_f64(draw.x[0], draw.x[1]) * l1;
@@ -195,7 +196,7 @@ __global__ void sampled_grad_walk_start_kernel(double* cdf, int* walk_counts, do
 __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
                                     const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
                                     GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer,
-                                    const int* walk_counts, const double* walk_weight) {
+                                    int batch0, const int* walk_counts, const double* walk_weight) {
     const int lane_id = threadIdx.x % 32;
     const int warp_index = warp_row_index();
     if (warp_index >= B * NH * T) return;  // whole warps leave together
@@ -204,7 +205,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     const int HS = row.HS, C3 = row.C3;
     const size_t head = row.head, row_offset = row.out;
     const float *q = row.q, *keys = row.keys, *values = row.values;  // key and value j at j * C3
-    const DrawSite site = row_draw_site(seed, step, layer, NH, h, b, T, i);
+    const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
     const bool lazy = source == GradSampleSource::LazyGumbel;
 
     double row_max = -INFINITY, total = 0.0;  // ExactRow
@@ -344,7 +345,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
 inline void sampled_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                        const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
                                        GradSampleSource source, bool signed_start_dv, uint64_t seed, uint32_t step,
-                                       int layer) {
+                                       int layer, int batch0) {
     if (samples < 1) {
         std::fprintf(stderr, "sampled_attention_backward: need samples >= 1, got %d\n", samples);
         std::exit(1);
@@ -366,6 +367,11 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                              "expected fewer\n", signed_start_dv ? "signed-start dV with " : "", samples, T);
         std::exit(1);
     }
+    if (batch0 < 0 || !draw_rows_fit((long long)batch0 + B, T)) {
+        std::fprintf(stderr, "sampled_attention_backward: need batch0 >= 0 and (batch0 + B) * T <= 2^32 draw rows (got "
+                             "batch0=%d B=%d T=%d)\n", batch0, B, T);
+        std::exit(1);
+    }
     const int rows = B * NH * T;
     if (rows == 0) return;
     const float tau = attention_tau(HS);
@@ -377,12 +383,13 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         const SampledGradWalkScratch scratch = sampled_grad_walk_scratch((size_t)columns, T);
         CUDA_CHECK(cudaMemset(scratch.walk_counts, 0, (size_t)columns * T * sizeof(int)));
         launch(sampled_grad_walk_start_kernel, ceil_div(columns, warps_per_block), kSampledGradThreads, 0, nullptr,
-               scratch.cdf, scratch.walk_counts, scratch.walk_weight, dout, B, T, C, NH, samples, seed, step, layer);
+               scratch.cdf, scratch.walk_counts, scratch.walk_weight, dout, B, T, C, NH, samples, seed, step, layer,
+               batch0);
         walk_counts = scratch.walk_counts;
         walk_weight = scratch.walk_weight;
     }
     launch(sampled_grad_kernel, ceil_div(rows, warps_per_block), kSampledGradThreads, 0, nullptr, dqkv, dout, qkv,
-           out, topk_idx, k, B, T, C, NH, samples, source, tau, seed, step, layer, walk_counts, walk_weight);
+           out, topk_idx, k, B, T, C, NH, samples, source, tau, seed, step, layer, batch0, walk_counts, walk_weight);
 }
 
 }  // namespace knngpt::cuda
