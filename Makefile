@@ -19,12 +19,13 @@ LDLIBS    += $(BLAS_LIBS) -lm
 GTEST_LIBS ?= -lgtest -lgtest_main -pthread
 # MPI (Debian's OpenMPI: openmpi-bin, libopenmpi-dev) for training on several
 # processes, found through mpicxx. Without it every program still builds, for
-# one process only (a run started by mpirun then says so and stops).
-MPICXX    ?= mpicxx
-MPI_CFLAGS := $(shell $(MPICXX) --showme:compile 2>/dev/null)
-MPI_LIBS   := $(shell $(MPICXX) --showme:link 2>/dev/null)
+# one process only (a run started by mpirun then says so and stops). The C API
+# only: the deprecated C++ bindings are kept out (OMPI_SKIP_MPICXX).
+MPICC     ?= mpicc
+MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell $(MPICC) --showme:link 2>/dev/null)
 ifneq ($(strip $(MPI_LIBS)),)
-MPI_DEFS  := -DKNNGPT_MPI $(MPI_CFLAGS)
+MPI_DEFS  := -DKNNGPT_MPI -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 $(MPI_CFLAGS)
 CXXFLAGS  += $(MPI_DEFS)
 LDLIBS    += $(MPI_LIBS)
 endif
@@ -68,7 +69,7 @@ DEPDIR    := $(BUILD)/deps
 DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
 MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
-.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention clean reference
+.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-parallel clean reference
 
 all: train_gpt_cpu prepare_data
 
@@ -86,6 +87,7 @@ help:
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
+	@echo "  make bench-parallel one process of 2 threads vs two MPI processes of 1 (ZeRO-0, ZeRO-1): tok/s, bytes per step"
 	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), PORTABLE_ARCHFLAGS (default empty: plain x86-64,"
@@ -190,10 +192,13 @@ $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_att
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
-bench: bench-train bench-attention
+bench: bench-train bench-attention bench-parallel
 
 bench-train: train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops
 	bash tools/bench_train.sh
+
+bench-parallel: train_gpt_cpu
+	bash tools/bench_parallel.sh
 
 bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv

@@ -10,13 +10,15 @@
 //   header  256 int32: [0] 20240527 magic, [1] 1 version, [2] world size,
 //           [3] rank, [4] 0 (fp32 parameters, no master copy), [5] shuffle,
 //           [6] 1 if the AdamW moments follow, [10] step (optimizer steps done),
+//           [11] rows of a micro-batch over all processes (world·B; 0 = not recorded),
 //           [20..21] u64 RNG state, [30..31] u64 data epoch,
 //           [32..33] u64 data shard position, [34..35] u64 data batch position,
 //           [40..41] u64 parameter count,
 //           [50..59] the attention settings (mode, k, tail, index, grad,
 //           grad samples, grad source, signed dV, gumbel groups, gumbel
 //           samples), [60..61] u64 attention seed
-//   then AdamW m and v, each parameter-count fp32.
+//   then AdamW m and v, each parameter-count fp32: the whole vectors, also when
+//   the run sharded them over its processes (ZeRO-1), so any world size resumes.
 //
 // Every file is written to "<path>.tmp" and renamed into place, so a crash
 // never leaves a half-written file under the real name.
@@ -163,6 +165,7 @@ inline void write_model_file(const std::string& path, const GPTConfig& c, const 
 struct TrainState {
     int step = 0;                 // optimizer steps completed
     int world = 1, rank = 0;
+    int global_rows = 0;          // world·B of the run that wrote it (0: not recorded)
     bool shuffle = false;
     uint64_t rng_state = 0;       // the trainer's sampling RNG
     uint64_t data_epoch = 0, data_shard_pos = 0, data_batch_pos = 0;
@@ -188,6 +191,7 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
     header[5] = s.shuffle ? 1 : 0;
     header[6] = 1;
     header[10] = s.step;
+    header[11] = s.global_rows;
     put_u64(header, 20, s.rng_state);
     put_u64(header, 30, s.data_epoch);
     put_u64(header, 32, s.data_shard_pos);
@@ -222,6 +226,7 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     s.rank = header[3];
     s.shuffle = header[5] != 0;
     s.step = header[10];
+    s.global_rows = header[11];
     s.rng_state = get_u64(header, 20);
     s.data_epoch = get_u64(header, 30);
     s.data_shard_pos = get_u64(header, 32);
@@ -257,16 +262,36 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     return s;
 }
 
-// Moves the optimizer state between a model and a TrainState.
+// Moves the optimizer state between a model and a TrainState, which always
+// holds the whole m and v (parameter count each), in one process or many: a
+// sharded model (ZeRO-1) gathers its ranks' shards here, a collective every
+// rank calls, and takes its own shard back from whole vectors, so a state file
+// resumes with any world size.
 inline void gpt_get_optimizer_state(const GPT& model, TrainState& s) {
-    s.m.resize(model.num_parameters);
-    s.v.resize(model.num_parameters);
-    ops::copy_to_host(s.m.data(), model.m_memory, model.num_parameters * sizeof(float));
-    ops::copy_to_host(s.v.data(), model.v_memory, model.num_parameters * sizeof(float));
+    const size_t n = model.num_parameters;
+    s.m.resize(n);
+    s.v.resize(n);
+    if (!gpt_is_sharded(model)) {
+        ops::copy_to_host(s.m.data(), model.m_memory, n * sizeof(float));
+        ops::copy_to_host(s.v.data(), model.v_memory, n * sizeof(float));
+        return;
+    }
+    Comm* comm = model.parallel.comm;
+    const size_t S = model.shard_size;
+    float* whole = ops::device_alloc<float>(model.padded_parameters);
+    for (auto [moment, host] : {std::pair{model.m_memory, &s.m}, std::pair{model.v_memory, &s.v}}) {
+        ops::copy_device_to_device(whole + (size_t)comm->rank() * S, moment, S * sizeof(float));
+        comm->all_gather(whole, S);
+        ops::copy_to_host(host->data(), whole, n * sizeof(float));
+    }
+    ops::device_free(whole);
 }
 inline void gpt_set_optimizer_state(GPT& model, const TrainState& s) {
-    ops::copy_to_device(model.m_memory, s.m.data(), model.num_parameters * sizeof(float));
-    ops::copy_to_device(model.v_memory, s.v.data(), model.num_parameters * sizeof(float));
+    const size_t begin = model.shard_begin, count = model.shard_end - model.shard_begin;
+    ops::device_zero(model.m_memory, model.shard_size * sizeof(float));
+    ops::device_zero(model.v_memory, model.shard_size * sizeof(float));
+    ops::copy_to_device(model.m_memory, s.m.data() + begin, count * sizeof(float));
+    ops::copy_to_device(model.v_memory, s.v.data() + begin, count * sizeof(float));
 }
 
 }  // namespace knngpt

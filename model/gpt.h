@@ -12,6 +12,7 @@
 // The vocabulary is padded from V to Vp (a multiple of 128 for GPT-2); the
 // padded rows of wte exist only for alignment and never enter softmax or loss.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +25,7 @@
 #include "kernels/common/rng.h"
 #include "model/attention.h"
 #include "model/backend.h"
+#include "model/comm.h"
 
 namespace knngpt {
 
@@ -225,6 +227,26 @@ inline LayerActivations layer_activations(const ActivationTensors& a, int l, siz
 }
 
 // ----------------------------------------------------------------------------
+// Data parallelism (model/comm.h). Every rank holds the whole model and trains
+// its own rows of the batch; gpt_update turns the ranks' gradients into the
+// whole batch's (each rank's dloss carries the 1/world of the global mean, so
+// the reduction is a sum) and keeps the parameters equal on every rank:
+//   ZeRO-0  gradients all-reduced; every rank updates every parameter
+//   ZeRO-1  the parameter vector is cut into world shards of S = ceil(n / world)
+//           (the buffers padded with zeros to world·S); gradients reduce-scattered,
+//           rank r keeps the AdamW moments of shard r only and updates it, then the
+//           parameters are all-gathered (and the bf16 copy follows)
+// The gradient norm, and so clipping, is the whole gradient's on every rank.
+// Under ZeRO-0 the backward of an optimizer step's last micro-batch starts the
+// sum of each block's gradients as soon as the block is done (its 12 slices, in
+// one group), so on a GPU it overlaps the backward of the blocks below; the
+// embeddings and the final layernorm follow in gpt_update, which then waits.
+struct DataParallel {
+    Comm* comm = nullptr;  // nullptr: one process
+    int zero_stage = 0;    // 0 or 1
+};
+
+// ----------------------------------------------------------------------------
 // The model: parameters, gradients, optimizer state, activations.
 
 struct GPT {
@@ -234,8 +256,13 @@ struct GPT {
     size_t num_parameters = 0;
     float* params_memory = nullptr;  // device
     float* grads_memory = nullptr;   // device
-    float* m_memory = nullptr;       // AdamW first moment (device)
-    float* v_memory = nullptr;       // AdamW second moment (device)
+    float* m_memory = nullptr;       // AdamW first moment (device), of this rank's shard under ZeRO-1
+    float* v_memory = nullptr;       // AdamW second moment (device), likewise
+    DataParallel parallel;
+    size_t padded_parameters = 0;    // length of the parameter and gradient buffers (>= num_parameters)
+    size_t shard_size = 0;           // ZeRO-1: parameters per rank (S); otherwise num_parameters
+    size_t shard_begin = 0, shard_end = 0;  // the parameters this rank updates, [begin, end)
+    bool blocks_reduced = false;     // the last backward started the sums of the blocks' gradients
     ParameterTensors params{}, grads{};
 
     int B = 0, T = 0;  // the largest batch the activations are allocated for
@@ -322,8 +349,9 @@ inline AttnLayerCall attn_layer_call(const GPT& model, int l) {
 }
 
 // Builds the model from host parameters (llm.c order) and allocates
-// activations for batches up to (B, T).
-inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<float>& host_params, int B, int T) {
+// activations for batches up to (B, T); `parallel` names the ranks it trains with.
+inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<float>& host_params, int B, int T,
+                      const DataParallel& parallel = {}) {
     validate_config(config, "model config");
     if (T > config.max_seq_len)
         throw std::runtime_error("sequence length T = " + std::to_string(T) + " exceeds the model's max context " +
@@ -335,18 +363,29 @@ inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<flo
     if (host_params.size() != model.num_parameters)
         throw std::runtime_error("parameter count mismatch: got " + std::to_string(host_params.size()) + ", the config needs " +
                                  std::to_string(model.num_parameters));
+    if (parallel.zero_stage != 0 && parallel.zero_stage != 1)
+        throw std::runtime_error("ZeRO stage " + std::to_string(parallel.zero_stage) + " (0 or 1)");
     size_t n = model.num_parameters;
-    model.params_memory = ops::device_alloc<float>(n);
-    model.grads_memory = ops::device_alloc<float>(n);
-    model.m_memory = ops::device_alloc<float>(n);
-    model.v_memory = ops::device_alloc<float>(n);
+    model.parallel = parallel;
+    const int world = parallel.comm ? parallel.comm->world() : 1, rank = parallel.comm ? parallel.comm->rank() : 0;
+    const bool sharded = parallel.zero_stage == 1 && parallel.comm && parallel.comm->carries_collectives();
+    model.shard_size = sharded ? (n + world - 1) / world : n;
+    model.padded_parameters = sharded ? model.shard_size * world : n;
+    model.shard_begin = sharded ? std::min(n, (size_t)rank * model.shard_size) : 0;
+    model.shard_end = sharded ? std::min(n, model.shard_begin + model.shard_size) : n;
+    const size_t n_pad = model.padded_parameters, n_moments = model.shard_size;
+    model.params_memory = ops::device_alloc<float>(n_pad);
+    model.grads_memory = ops::device_alloc<float>(n_pad);
+    model.m_memory = ops::device_alloc<float>(n_moments);
+    model.v_memory = ops::device_alloc<float>(n_moments);
+    ops::device_zero(model.params_memory, n_pad * sizeof(float));  // the padding stays 0
     ops::copy_to_device(model.params_memory, host_params.data(), n * sizeof(float));
     // from here on the parameters change only through ops::adamw_update, which
     // keeps whatever the backend derives from them (bf16 copy) up to date
     ops::register_parameters(model.params_memory, n);
-    ops::device_zero(model.grads_memory, n * sizeof(float));
-    ops::device_zero(model.m_memory, n * sizeof(float));
-    ops::device_zero(model.v_memory, n * sizeof(float));
+    ops::device_zero(model.grads_memory, n_pad * sizeof(float));
+    ops::device_zero(model.m_memory, n_moments * sizeof(float));
+    ops::device_zero(model.v_memory, n_moments * sizeof(float));
     model.params = point_parameters(model.params_memory, config);
     model.grads = point_parameters(model.grads_memory, config);
 
@@ -475,7 +514,26 @@ inline void gpt_logits_at(const GPT& model, int b, int t, float* host_logits) {
 }
 
 inline void gpt_zero_grad(GPT& model) {
-    ops::device_zero(model.grads_memory, model.num_parameters * sizeof(float));
+    ops::device_zero(model.grads_memory, model.padded_parameters * sizeof(float));
+}
+
+// Does this model sum gradients over ranks without sharding them (ZeRO-0 under MPI or NCCL)?
+inline bool gpt_all_reduces(const GPT& model) {
+    return model.parallel.zero_stage == 0 && model.parallel.comm && model.parallel.comm->carries_collectives();
+}
+
+// Block l's slices of the 12 per-layer gradient tensors (ln1w .. fcprojb).
+inline std::vector<FloatSpan> block_gradient_spans(const GPT& model, int l) {
+    std::vector<FloatSpan> spans;
+    size_t offset = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (i >= 2 && i < NUM_PARAMETER_TENSORS - 2) {  // not wte, wpe, lnfw, lnfb
+            const size_t per_layer = model.param_sizes[i] / model.config.num_layers;
+            spans.push_back({model.grads_memory + offset + l * per_layer, per_layer});
+        }
+        offset += model.param_sizes[i];
+    }
+    return spans;
 }
 
 // Backward pass of the last forward (which must have had targets).
@@ -484,7 +542,9 @@ inline void gpt_zero_grad(GPT& model) {
 // dloss is the weight of each token's loss in the objective: 1 / (B·T) for a
 // plain mean, 1 / (B·T·accumulation steps) when accumulating. After a fused
 // forward the dlogits are already there, and dloss must be its fused_dloss.
-inline void gpt_backward(GPT& model, float dloss) {
+// last_micro_batch: the optimizer step's gradients are complete block by block,
+// so under ZeRO-0 their sums over the ranks start here (see DataParallel).
+inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false) {
     if (!model.have_targets) throw std::runtime_error("backward: the last forward had no targets");
     if (model.dlogits_ready && dloss != model.fused_dloss) {
         char msg[160];
@@ -545,7 +605,9 @@ inline void gpt_backward(GPT& model, float dloss) {
         // d(residual) = d(residual2) + layernorm1's input gradient
         ops::layernorm_backward(ga.residual, g.ln1w + l * C, g.ln1b + l * C, ga.ln, residual, p.ln1w + l * C,
                                 la.ln1_mean, la.ln1_rstd, N, C);
+        if (last_micro_batch && gpt_all_reduces(model)) model.parallel.comm->all_reduce_start(block_gradient_spans(model, l));
     }
+    model.blocks_reduced = last_micro_batch && gpt_all_reduces(model);
     ops::encoder_backward(g.wte, g.wpe, ga.residual, model.inputs, B, T, C);
 }
 
@@ -559,20 +621,50 @@ struct AdamWConfig {
     float grad_clip = 1.0f;  // clip the global gradient norm to this; 0 = no clipping
 };
 
-// One AdamW step t (t >= 1) at learning rate lr. Clips the gradient to the
-// global norm opt.grad_clip by scaling it inside the update. Weight decay
-// applies to the tensors PARAMETER_IS_DECAYED marks. Returns the gradient norm
-// before clipping.
+// Is the optimizer state sharded over the ranks (ZeRO-1 under MPI or NCCL, even of one rank)?
+inline bool gpt_is_sharded(const GPT& model) {
+    return model.parallel.zero_stage == 1 && model.parallel.comm && model.parallel.comm->carries_collectives();
+}
+
+// One AdamW step t (t >= 1) at learning rate lr, after the ranks' gradients
+// are reduced (see DataParallel). Clips the gradient to the global norm
+// opt.grad_clip by scaling it inside the update. Weight decay applies to the
+// tensors PARAMETER_IS_DECAYED marks. Returns the gradient norm before clipping.
 inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
-    float norm = gpt_grad_norm(model);
+    Comm* comm = model.parallel.comm;
+    const bool sharded = gpt_is_sharded(model);
+    if (sharded) {
+        comm->reduce_scatter(model.grads_memory, model.shard_size, ReduceOp::Sum);
+    } else if (gpt_all_reduces(model) && model.blocks_reduced) {
+        // the blocks' sums are under way (gpt_backward); add wte, wpe, lnfw, lnfb and wait
+        const size_t head = model.param_sizes[0] + model.param_sizes[1];
+        const size_t tail = model.param_sizes[NUM_PARAMETER_TENSORS - 2] + model.param_sizes[NUM_PARAMETER_TENSORS - 1];
+        comm->all_reduce_start({{model.grads_memory, head}, {model.grads_memory + model.num_parameters - tail, tail}});
+        comm->all_reduce_wait();
+    } else if (gpt_all_reduces(model)) {
+        comm->all_reduce(model.grads_memory, model.num_parameters, ReduceOp::Sum);
+    }
+    model.blocks_reduced = false;
+    // this rank's parameters [begin, end): all of them, or its shard
+    const size_t begin = model.shard_begin, end = model.shard_end;
+    double norm_squared = end > begin ? ops::global_norm_squared(model.grads_memory + begin, end - begin) : 0.0;
+    if (sharded) norm_squared = comm->all_reduce_host(norm_squared, ReduceOp::Sum);
+    const float norm = (float)std::sqrt(norm_squared);
     float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        // the part of tensor i inside [begin, end); the moments are indexed from begin
+        const size_t lo = std::max(offset, begin), hi = std::min(offset + model.param_sizes[i], end);
         float wd = PARAMETER_IS_DECAYED[i] ? opt.weight_decay : 0.0f;
-        ops::adamw_update(model.params_memory + offset, model.grads_memory + offset, model.m_memory + offset,
-                          model.v_memory + offset, model.param_sizes[i], lr, opt.beta1, opt.beta2, opt.eps, wd, t,
-                          grad_scale);
+        if (hi > lo)
+            ops::adamw_update(model.params_memory + lo, model.grads_memory + lo, model.m_memory + (lo - begin),
+                              model.v_memory + (lo - begin), hi - lo, lr, opt.beta1, opt.beta2, opt.eps, wd, t,
+                              grad_scale);
         offset += model.param_sizes[i];
+    }
+    if (sharded) {
+        comm->all_gather(model.params_memory, model.shard_size);
+        ops::refresh_parameter_copy(model.params_memory, model.num_parameters);  // the other ranks' shards
     }
     return norm;
 }

@@ -27,6 +27,7 @@
 #include "kernels/common/draws.h"
 #include "kernels/common/rng.h"
 #include "model/checkpoint.h"
+#include "model/comm.h"
 #include "model/gpt.h"
 #include "model/lr_schedule.h"
 #include "train/attention_flags.h"
@@ -65,6 +66,8 @@ struct Options {
     int layers = -1, heads = -1, channels = -1, max_seq_len = -1, vocab = -1;  // shape flags
     std::string tokenizer;               // --tokenizer
     AttnFlags attn;                      // --attn*: train/attention_flags.h
+    int zero_stage = 0;                  // -z
+    CommOptions comm;                    // -pi -pn -pr -pg -ps -pp: model/comm.h
 };
 
 #if defined(KNNGPT_CUDA)
@@ -109,10 +112,10 @@ Attention
   --attn-eval LIST also report the validation loss under other attention settings, a comma-separated
                    list of MODE[:k=K][:m=M][:index=I] (e.g. exact,knn:k=8,knn-tail:k=8:m=8)
 Optimisation
-  -b B             micro-batch size in sequences (default 12)
+  -b B             micro-batch size in sequences, per process (default 12)
   -t T             sequence length (default 64)
-  -d TOKENS        total batch size in tokens; gradients accumulate over
-                   TOKENS / (B*T) micro-batches (default -1: B*T)
+  -d TOKENS        total batch size in tokens, over all processes; gradients accumulate over
+                   TOKENS / (B*T*processes) micro-batches (default -1: B*T*processes)
   -l LR            peak learning rate (default 1e-3)
   -u STEPS         linear warmup steps (default 0)
   -k SCHEDULE      cosine, linear or constant (default cosine)
@@ -134,11 +137,65 @@ Evaluation, sampling, output
   -n N             write a checkpoint every N steps, and at the end (needs -o; default 0 = only at the end)
   -y 0|1           resume from the latest checkpoint in -o (default 0)
   -h, --help       this help
-Threads: set OMP_NUM_THREADS.
+Several processes (data parallel; start them with mpirun or srun, README "Several processes")
+  -z 0|1           ZeRO stage: 0 all-reduces the gradients, 1 also shards the AdamW state (default 0)
+  -pi METHOD       how the processes meet: mpi (default under mpirun/srun with PMIx); for the
+                   CUDA trainer also fs (a shared directory) or tcp (rank 0's address)
+  -pn N            number of processes, with -pi fs|tcp (default $SLURM_NTASKS)
+  -pr R            this process's rank, with -pi fs|tcp (default $SLURM_PROCID)
+  -pg G            GPUs per node, with -pi fs|tcp: local rank = R % G (default $SLURM_NTASKS_PER_NODE or 8)
+  -ps HOST[:PORT]  rank 0's address for -pi tcp (port default 29500)
+  -pp DIR          the shared directory for -pi fs
+Threads: set OMP_NUM_THREADS (per process).
 )";
 
+// ----------------------------------------------------------------------------
+// Errors, in one process or many. Each stops the run with one line on stderr and
+// exit status 1, on every rank, never leaving one waiting:
+// - before the processes have met (flags): every rank finds the same error and
+//   exits; the launcher's rank 0 prints it;
+// - during set-up (files, shapes): every rank reaches agree_on_setup, which
+//   stops all of them when any failed, the lowest failing rank printing its line;
+// - while training: the failing rank prints its line and aborts every rank
+//   (MPI_Abort), or, for what every rank finds at once (a non-finite loss),
+//   die_everywhere: rank 0 prints and all exit.
+
+static std::unique_ptr<Comm> g_comm;  // null until the processes have met
+static bool g_in_setup = false;       // die() throws for agree_on_setup instead of stopping
+
+static void print_error(const std::string& msg, bool name_rank) {
+    if (name_rank) fprintf(stderr, "train_gpt: error: rank %d: %s\n", g_comm->rank(), msg.c_str());
+    else fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
+    fflush(stderr);
+}
+
 [[noreturn]] static void die(const std::string& msg) {
-    fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
+    if (g_in_setup) throw std::runtime_error(msg);
+    if (!g_comm) {
+        if (launcher_rank() == 0) print_error(msg, false);
+        exit(1);
+    }
+    print_error(msg, g_comm->world() > 1);
+    if (g_comm->world() > 1) g_comm->abort(1);
+    exit(1);
+}
+
+// An error every rank finds at the same point: one line, every rank exits.
+[[noreturn]] static void die_everywhere(const std::string& msg) {
+    g_comm->barrier();
+    if (g_comm->rank() == 0) print_error(msg, false);
+    g_comm.reset();  // MPI_Finalize
+    exit(1);
+}
+
+// The end of set-up: every rank says whether it failed (error != nullptr).
+static void agree_on_setup(const std::string* error) {
+    g_in_setup = false;
+    const int world = g_comm->world(), rank = g_comm->rank();
+    const int first_failed = (int)g_comm->all_reduce_host(error ? rank : world, ReduceOp::Min);
+    if (first_failed == world) return;
+    if (error && rank == first_failed) print_error(*error, world > 1);
+    g_comm.reset();
     exit(1);
 }
 
@@ -185,6 +242,9 @@ static Options parse_args(int argc, char** argv) {
         {"--attn-gumbel-samples", integer(&o.attn.gumbel_samples)},
         {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn.seed = (uint64_t)parse_long(f, v); }},
         {"--attn-eval", text(&o.attn.eval)},
+        {"-z", integer(&o.zero_stage)}, {"-pi", text(&o.comm.init_method)}, {"-pn", integer(&o.comm.num_processes)},
+        {"-pr", integer(&o.comm.process_rank)}, {"-pg", integer(&o.comm.gpus_per_node)},
+        {"-ps", text(&o.comm.server_ip)}, {"-pp", text(&o.comm.fs_path)},
     };
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
@@ -215,6 +275,7 @@ static Options parse_args(int argc, char** argv) {
     if (o.gen_tokens < 1) die("-g: sample length must be >= 1");
     if (o.max_steps == 0 || o.max_steps < -1) die("-x: number of steps must be >= 1 (or -1 for one epoch)");
     if (o.resume && o.output_dir.empty()) die("-y 1 needs -o DIR to resume from");
+    if (o.zero_stage != 0 && o.zero_stage != 1) die("-z takes 0 or 1 (ZeRO stage)");
     return o;
 }
 
@@ -344,17 +405,21 @@ static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_to
 
 // ----------------------------------------------------------------------------
 
-static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vector<int>& inputs, std::vector<int>& targets) {
+// The mean validation loss over the first max_batches batches (every rank
+// reads its own rows of each, so the mean over the ranks is the whole batches').
+static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vector<int>& inputs, std::vector<int>& targets,
+                       Comm& comm) {
     loader.reset();
     int n = (int)loader.batches_per_epoch();
     if (max_batches >= 0) n = std::min(n, max_batches);
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         loader.next_batch(inputs.data(), targets.data());
-        gpt_forward(model, inputs.data(), targets.data(), model.B, model.T, evaluation_draw_step(i));
+        gpt_forward(model, inputs.data(), targets.data(), model.B, model.T, evaluation_draw_step(i), 0.0f,
+                    (int)draw_batch0(0, comm.world(), comm.rank(), model.B));
         sum += model.mean_loss;
     }
-    return n > 0 ? sum / n : NAN;
+    return n > 0 ? comm.all_reduce_host(sum / n, ReduceOp::Mean) : NAN;
 }
 
 static std::string format_duration(double seconds) {
@@ -368,7 +433,12 @@ static std::string format_duration(double seconds) {
 
 static int run(const Options& o) {
     using clock = std::chrono::steady_clock;
-    // ---- everything that can fail on bad input happens before anything is written
+    Comm& comm = *g_comm;
+    const int world = comm.world(), rank = comm.rank();
+    if (rank != 0 && !freopen("/dev/null", "w", stdout)) die("cannot silence the output of rank " + std::to_string(rank));
+    // ---- everything that can fail on bad input happens before anything is written;
+    // die() throws until agree_on_setup, so that every rank learns of any rank's error
+    g_in_setup = true;
     LrSchedule schedule = parse_lr_schedule(o.schedule);
     AttnConfig attn = attn_config_from_flags(o.attn);
     auto eval_attns = parse_attn_eval(o.attn.eval, attn);
@@ -383,31 +453,33 @@ static int run(const Options& o) {
     if (o.T > cfg.max_seq_len)
         die("-t " + std::to_string(o.T) + " exceeds the model's max context " + std::to_string(cfg.max_seq_len) + " (" +
             src.description + ")");
-    long tokens_per_micro = (long)o.B * o.T;
-    long total_batch = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_micro;
-    if (total_batch % tokens_per_micro != 0)
-        die("-d " + std::to_string(total_batch) + " is not a multiple of B*T = " + std::to_string(tokens_per_micro));
-    int accum_steps = (int)(total_batch / tokens_per_micro);
+    long tokens_per_micro = (long)o.B * o.T;                // one rank's micro-batch
+    long tokens_per_global_micro = tokens_per_micro * world;  // all ranks' together
+    long total_batch = o.total_batch_tokens > 0 ? o.total_batch_tokens : tokens_per_global_micro;
+    if (total_batch % tokens_per_global_micro != 0)
+        die("-d " + std::to_string(total_batch) + " is not a multiple of B*T*processes = " + std::to_string(o.B) + "*" +
+            std::to_string(o.T) + "*" + std::to_string(world));
+    int accum_steps = (int)(total_batch / tokens_per_global_micro);
+    // the micro-batches of every rank draw as consecutive rows of the step's whole batch
+    if (!draw_rows_fit(draw_batch0(accum_steps, world, 0, o.B), o.T))
+        die("-d " + std::to_string(total_batch) + ": the rows of one step times T pass the 2^32 draw rows of the "
+            "attention (kernels/common/draws.h)");
 
     std::unique_ptr<Tokenizer> tokenizer;
     if (!o.tokenizer.empty()) tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_llmc_file(o.tokenizer));
     else if (cfg.vocab_size <= 256) tokenizer = std::make_unique<Tokenizer>(Tokenizer::byte_level());
 
-    DataLoader train_loader(o.train_pattern, o.B, o.T, 0, 1, o.shuffle != 0, o.seed, cfg.vocab_size);
-    DataLoader val_loader(o.val_pattern, o.B, o.T, 0, 1, false, o.seed, cfg.vocab_size);
+    DataLoader train_loader(o.train_pattern, o.B, o.T, rank, world, o.shuffle != 0, o.seed, cfg.vocab_size);
+    DataLoader val_loader(o.val_pattern, o.B, o.T, rank, world, false, o.seed, cfg.vocab_size);
     long train_steps = o.max_steps > 0 ? o.max_steps : (long)(train_loader.batches_per_epoch() / accum_steps);
     if (train_steps < 1) die("the train data holds fewer batches than one optimizer step needs");
     if ((double)train_steps >= (double)kSamplingDrawStep)
-        die("-x " + std::to_string(train_steps) +
-            " steps pass the 2^30 training steps of the attention draws (kernels/common/draws.h)");
-    // the micro-batches of a step draw as consecutive rows of its whole batch
-    if (!draw_rows_fit(draw_batch0(accum_steps, 1, 0, o.B), o.T))
-        die("-d " + std::to_string(total_batch) + " tokens a step pass the 2^32 rows of the attention draws "
+        die("-x " + std::to_string(train_steps) + " steps pass the 2^30 training steps of the attention draws "
             "(kernels/common/draws.h)");
 
     GPT model;
     model.attn = attn;
-    gpt_build(model, cfg, src.params, o.B, o.T);
+    gpt_build(model, cfg, src.params, o.B, o.T, DataParallel{&comm, o.zero_stage});
     for (const auto& eval : eval_attns) gpt_set_attention(model, eval.second);  // allocate the largest lists once
     gpt_set_attention(model, attn);
     src.params.clear();
@@ -418,6 +490,10 @@ static int run(const Options& o) {
     if (resume_step >= 0) {
         TrainState st = read_state_file(checkpoint_path(o.output_dir, "state", resume_step), model.num_parameters);
         if (st.step != resume_step) die("state file step " + std::to_string(st.step) + " does not match its name");
+        if (st.global_rows != 0 && st.global_rows != world * o.B)
+            die("-y 1: the checkpoint trained with " + std::to_string(st.global_rows) + " rows per micro-batch over its " +
+                std::to_string(st.world) + " process(es), this run has B*processes = " + std::to_string(o.B) + "*" +
+                std::to_string(world) + ": its data position would not carry over (choose -b to match)");
         gpt_set_optimizer_state(model, st);
         sample_rng.state = st.rng_state;
         train_loader.restore({st.data_epoch, st.data_shard_pos, st.data_batch_pos});
@@ -426,6 +502,8 @@ static int run(const Options& o) {
             printf("note: the checkpoint trained with attention '%s'; continuing with '%s'\n",
                    attn_description(st.attn).c_str(), attn_description(attn).c_str());
     }
+
+    agree_on_setup(nullptr);
 
     // ---- header
     auto row = [](const char* key, const std::string& value) { printf("| %-13s | %-58s |\n", key, value.c_str()); };
@@ -437,7 +515,9 @@ static int run(const Options& o) {
     const char* rule = "+---------------+------------------------------------------------------------+\n";
     printf("%s", rule);
     row("backend", ops::BACKEND_NAME);
-    row("threads", std::to_string(omp_get_max_threads()));
+    row("threads", std::to_string(omp_get_max_threads()) + (world > 1 ? " per process" : ""));
+    row("processes", !comm.carries_collectives() ? std::string("1") :
+                     fmt("%d (%s), ZeRO-%d", world, comm.name(), o.zero_stage));
     row("model", src.description);
     row("shape", fmt("L %d, NH %d, C %d, maxT %d, V %d (Vp %d)", cfg.num_layers, cfg.num_heads, cfg.channels,
                      cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size));
@@ -446,7 +526,9 @@ static int run(const Options& o) {
     for (const auto& [spec, a] : eval_attns) row("also evaluated", attn_description(a));
     row("train data", fmt("%s (%zu tokens)", o.train_pattern.c_str(), train_loader.num_tokens()));
     row("val data", fmt("%s (%zu tokens)", o.val_pattern.c_str(), val_loader.num_tokens()));
-    row("batch", fmt("B %d, T %d, accumulation %d -> %ld tokens/step", o.B, o.T, accum_steps, total_batch));
+    row("batch", world == 1 ? fmt("B %d, T %d, accumulation %d -> %ld tokens/step", o.B, o.T, accum_steps, total_batch)
+                            : fmt("B %d x %d processes, T %d, accumulation %d -> %ld tokens/step", o.B, world, o.T,
+                                  accum_steps, total_batch));
     row("steps", fmt("%ld (from step %d)", train_steps, start_step));
     row("schedule", fmt("lr %.2e, %s, warmup %d, final frac %.3g", o.lr, lr_schedule_name(schedule), o.warmup,
                         o.final_lr_frac));
@@ -456,16 +538,19 @@ static int run(const Options& o) {
     fflush(stdout);
 
     FILE* log = nullptr;
-    if (!o.output_dir.empty()) {
+    if (!o.output_dir.empty() && rank == 0) {
         mkdir(o.output_dir.c_str(), 0755);
         std::string log_path = o.output_dir + "/main.log";
         log = fopen(log_path.c_str(), o.resume ? "a" : "w");
         if (!log) die(log_path + ": cannot open for writing");
     }
+    // every rank calls it (a sharded optimizer state is gathered); rank 0 writes
     auto save_checkpoint = [&](int step) {
         if (o.output_dir.empty()) return;
         TrainState st;
         st.step = step;
+        st.world = world;
+        st.global_rows = world * o.B;
         st.shuffle = o.shuffle != 0;
         st.rng_state = sample_rng.state;
         DataLoaderState ds = train_loader.state();
@@ -474,6 +559,7 @@ static int run(const Options& o) {
         st.data_batch_pos = ds.batch_pos;
         st.attn = attn;
         gpt_get_optimizer_state(model, st);
+        if (rank != 0) return;
         // model first, state second: a state file only ever exists beside its model
         write_model_file(checkpoint_path(o.output_dir, "model", step), cfg, gpt_host_parameters(model));
         write_state_file(checkpoint_path(o.output_dir, "state", step), st);
@@ -500,12 +586,12 @@ static int run(const Options& o) {
     for (int step = start_step; step <= train_steps; step++) {
         bool last_step = step == train_steps;
         if ((o.val_every > 0 && step % o.val_every == 0) || last_step) {
-            last_val_loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets);
+            last_val_loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets, comm);
             printf("val loss %.6f | perplexity %.4f | step %d\n", last_val_loss, std::exp(last_val_loss), step);
             if (log) fprintf(log, "s:%d tel:%f\n", step, last_val_loss);
             for (const auto& [spec, eval_attn] : eval_attns) {
                 gpt_set_attention(model, eval_attn);
-                double loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets);
+                double loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets, comm);
                 printf("val loss %.6f | perplexity %.4f | step %d | attention %s\n", loss, std::exp(loss), step,
                        spec.c_str());
                 if (log) fprintf(log, "s:%d tel[%s]:%f\n", step, spec.c_str(), loss);
@@ -513,7 +599,7 @@ static int run(const Options& o) {
             gpt_set_attention(model, attn);
         }
         // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
-        if ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step) {
+        if (rank == 0 && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step)) {
             std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens);
             printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
         }
@@ -529,24 +615,25 @@ static int run(const Options& o) {
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
             // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
-            const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps);
+            // the weight of a token in the mean over every rank's every micro-batch
+            const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps * world);
             gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, training_draw_step(step), dloss,
-                        (int)draw_batch0(micro, 1, 0, o.B));
-            gpt_backward(model, dloss);
+                        (int)draw_batch0(micro, world, rank, o.B));
+            gpt_backward(model, dloss, micro == accum_steps - 1);
             loss_sum += model.mean_loss;
         }
         float lr = learning_rate_at(schedule, o.lr, step, o.warmup, (int)train_steps, o.final_lr_frac);
         float norm = gpt_update(model, lr, opt, step + 1);
         ops::device_synchronize();  // the step's queued kernels belong to its time
         double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-        last_train_loss = loss_sum / accum_steps;
+        last_train_loss = comm.all_reduce_host(loss_sum / accum_steps, ReduceOp::Mean);
         if (step > start_step) { total_ms += ms; timed_steps++; }  // the first step warms caches
         double mean_ms = timed_steps ? total_ms / timed_steps : ms;
         printf("step %5d/%ld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | eta %s\n", step + 1,
                train_steps, last_train_loss, lr, norm, ms, total_batch / (ms / 1000.0), mfu_text(ms).c_str(),
                format_duration(mean_ms * (train_steps - step - 1) / 1000.0).c_str());
         if (log) fprintf(log, "s:%d trl:%f\n", step + 1, last_train_loss), fflush(log);
-        if (!std::isfinite(last_train_loss)) die("loss is not finite at step " + std::to_string(step + 1));
+        if (!std::isfinite(last_train_loss)) die_everywhere("loss is not finite at step " + std::to_string(step + 1));
     }
     double wall = std::chrono::duration<double>(clock::now() - run_start).count();
     const double mean_ms = timed_steps ? total_ms / timed_steps : 0.0;
@@ -561,8 +648,22 @@ static int run(const Options& o) {
 int main(int argc, char** argv) {
     Options o = parse_args(argc, argv);
     try {
-        return run(o);
+        g_comm = make_comm(o.comm);
     } catch (const std::exception& e) {
+        // the processes have not met: each rank names itself
+        fprintf(stderr, "train_gpt: error: rank %d: %s\n", launcher_rank(), e.what());
+        return 1;
+    }
+    int status = 1;
+    try {
+        status = run(o);
+    } catch (const std::exception& e) {
+        if (g_in_setup) {
+            const std::string msg = e.what();
+            agree_on_setup(&msg);  // does not return
+        }
         die(e.what());
     }
+    g_comm.reset();  // MPI_Finalize
+    return status;
 }

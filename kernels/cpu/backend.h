@@ -44,6 +44,7 @@ inline void device_free(void* p) { std::free(p); }
 inline void device_zero(void* p, size_t bytes) { std::memset(p, 0, bytes); }
 inline void copy_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 inline void copy_to_host(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
+inline void copy_device_to_device(void* dst, const void* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 
 // Copies `width` ints from each of `rows` rows of src (row stride src_stride)
 // into the rows of dst (row stride dst_stride).
@@ -55,6 +56,7 @@ inline void copy_columns(int* dst, size_t dst_stride, const int* src, size_t src
 // (the CUDA build: a bf16 copy for its matmuls). The CPU keeps none.
 inline void register_parameters(const float*, size_t) {}
 inline void unregister_parameters(const float*) {}
+inline void refresh_parameter_copy(const float*, size_t) {}
 
 // Peak FLOP/s the MFU figure is measured against; 0: unknown, no MFU printed.
 inline double device_peak_flops() { return 0.0; }

@@ -82,6 +82,9 @@ inline void copy_to_device(void* dst, const void* src, size_t bytes) {
 inline void copy_to_host(void* dst, const void* src, size_t bytes) {
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
+inline void copy_device_to_device(void* dst, const void* src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
 
 // Copies `width` ints from each of `rows` rows of src (row stride src_stride)
 // into the rows of dst (row stride dst_stride), device to device.

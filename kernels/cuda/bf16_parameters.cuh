@@ -83,6 +83,12 @@ inline void register_parameters(const float* params, size_t count) {
 #endif
 }
 
+// Writes the copy again for [params, params + count), a range of the registered
+// buffer written by something other than adamw_update (ZeRO-1's all-gather of
+// the other ranks' shards). Outside the registered buffer (or in the fp32
+// build) there is no copy, and nothing to do.
+inline void refresh_parameter_copy(const float* params, size_t count);
+
 // The bf16 copy of [p, p + count) when that range lies inside the registered
 // buffer, else nullptr.
 inline __nv_bfloat16* bf16_copy_of(const float* p, size_t count) {
@@ -92,6 +98,10 @@ inline __nv_bfloat16* bf16_copy_of(const float* p, size_t count) {
     const uintptr_t begin = (uintptr_t)r.params, end = begin + r.count * sizeof(float), at = (uintptr_t)p;
     if (at < begin || at + count * sizeof(float) > end) return nullptr;
     return r.copy + (p - r.params);
+}
+
+inline void refresh_parameter_copy(const float* params, size_t count) {
+    if (__nv_bfloat16* copy = bf16_copy_of(params, count)) convert_to_bf16(copy, params, count);
 }
 
 }  // namespace knngpt::cuda
