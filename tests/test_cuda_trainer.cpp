@@ -60,7 +60,9 @@
 namespace {
 
 using knngpt_test::exists;
-using knngpt_test::make_text;
+using knngpt_test::final_val_loss;
+using knngpt_test::parameter_difference;
+using knngpt_test::relative_difference;
 using knngpt_test::program_path;
 using knngpt_test::run;
 using knngpt_test::RunResult;
@@ -75,28 +77,6 @@ std::string cuda_trainer_bf16() {
     return p ? std::string(p) : knngpt_test::build_dir() + "/train_gpt_emu_bf16";
 }
 
-double relative_difference(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
-
-// ||a - b|| / ||b|| over the parameters of two model files.
-double parameter_difference(const std::string& path_a, const std::string& path_b) {
-    auto a = knngpt::read_model_file(path_a);
-    auto b = knngpt::read_model_file(path_b);
-    EXPECT_EQ(a.params.size(), b.params.size());
-    double diff = 0.0, norm = 0.0;
-    for (size_t i = 0; i < a.params.size() && i < b.params.size(); i++) {
-        diff += ((double)a.params[i] - b.params[i]) * ((double)a.params[i] - b.params[i]);
-        norm += (double)b.params[i] * b.params[i];
-    }
-    return std::sqrt(diff / norm);
-}
-
-// "val loss X" of the summary line.
-double final_val_loss(const std::string& out) {
-    size_t at = out.find("done:");
-    size_t v = out.find("val loss ", at);
-    return v == std::string::npos ? NAN : std::stod(out.substr(v + 9));
-}
-
 class CudaTrainer : public ::testing::Test {
   protected:
     knngpt_test::TempDir tmp;
@@ -107,9 +87,7 @@ class CudaTrainer : public ::testing::Test {
             GTEST_SKIP() << cuda_trainer() << ", " << cuda_trainer_bf16() << ", " << program_path("train_gpt_cpu")
                          << " or " << program_path("prepare_data")
                          << " not built (run `make test` from the repository root)";
-        std::ofstream(tmp.file("text.txt")) << make_text(30000);
-        RunResult r = run(program_path("prepare_data") + " --input " + tmp.file("text.txt") + " --out-dir " + tmp.path +
-                          " --name t", tmp);
+        RunResult r = knngpt_test::prepare_text_shards(tmp, 30000);
         ASSERT_EQ(r.exit_code, 0) << r.err;
         train = tmp.file("t_train.bin");
         val = tmp.file("t_val.bin");

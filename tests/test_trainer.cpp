@@ -18,7 +18,6 @@
 namespace {
 
 using knngpt_test::exists;
-using knngpt_test::make_text;
 using knngpt_test::program_path;
 using knngpt_test::run;
 using knngpt_test::RunResult;
@@ -33,9 +32,7 @@ class Trainer : public ::testing::Test {
         if (!exists(program_path("train_gpt_cpu")) || !exists(program_path("prepare_data")))
             GTEST_SKIP() << program_path("train_gpt_cpu") << " or " << program_path("prepare_data")
                          << " not built (run `make test` from the repository root)";
-        std::ofstream(tmp.file("text.txt")) << make_text(60000);
-        RunResult r = run(program_path("prepare_data") + " --input " + tmp.file("text.txt") + " --out-dir " + tmp.path +
-                          " --name t", tmp);
+        RunResult r = knngpt_test::prepare_text_shards(tmp, 60000);
         ASSERT_EQ(r.exit_code, 0) << r.err;
         train = tmp.file("t_train.bin");
         val = tmp.file("t_val.bin");

@@ -1,7 +1,8 @@
 // tests/trainer_test_util.h — running the trainer programs from a test:
 // capture of stdout/stderr and exit code, a deterministic pseudo-English text,
-// the losses printed on "step N/M" lines, and where the programs are. Used by
-// test_trainer.cpp and test_cuda_trainer.cpp.
+// the losses printed on "step N/M" lines and the final val loss, the distance
+// of two model files, and where the programs are. Used by test_trainer.cpp,
+// test_cuda_trainer.cpp and test_parallel_trainer.cpp.
 #pragma once
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -13,7 +14,12 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <cmath>
+
 #include "kernels/common/rng.h"
+#include "model/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace knngpt_test {
@@ -35,6 +41,26 @@ inline RunResult run(const std::string& cmd, const TempDir& tmp) {
     std::string full = "OMP_NUM_THREADS=2 " + cmd + " > " + tmp.file("stdout") + " 2> " + tmp.file("stderr");
     int status = std::system(full.c_str());
     return {WEXITSTATUS(status), slurp(tmp.file("stdout")), slurp(tmp.file("stderr"))};
+}
+
+// The same with `threads` OpenMP threads per process; the command may be an
+// mpirun line (mpirun_prefix), whose processes inherit them.
+inline RunResult run_with_threads(const std::string& cmd, int threads, const TempDir& tmp) {
+    std::string full = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + cmd + " > " + tmp.file("stdout") + " 2> " +
+                       tmp.file("stderr");
+    int status = std::system(full.c_str());
+    return {WEXITSTATUS(status), slurp(tmp.file("stdout")), slurp(tmp.file("stderr"))};
+}
+
+// Is OpenMPI's mpirun on PATH?
+inline bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 0; }
+
+// "mpirun ... -np N ": quiet (its own notices would add lines to a one-line
+// error), a time limit so that a hang fails instead of stalling the suite, the
+// thread count forwarded. The allow-run-as-root settings come from the test
+// runner (tools/run_tests.sh).
+inline std::string mpirun_prefix(int processes, int timeout_s = 300) {
+    return "mpirun -q --timeout " + std::to_string(timeout_s) + " -x OMP_NUM_THREADS -np " + std::to_string(processes) + " ";
 }
 
 // The path of a program the tests run (train_gpt_cpu, prepare_data):
@@ -63,12 +89,42 @@ inline std::string make_text(size_t bytes) {
     return text;
 }
 
+// Writes make_text(bytes) to tmp and turns it into byte-level shards with
+// prepare_data: tmp/t_train.bin and tmp/t_val.bin. The result of prepare_data.
+inline RunResult prepare_text_shards(const TempDir& tmp, size_t bytes) {
+    std::ofstream(tmp.file("text.txt")) << make_text(bytes);
+    return run(program_path("prepare_data") + " --input " + tmp.file("text.txt") + " --out-dir " + tmp.path +
+               " --name t", tmp);
+}
+
 // The "loss X" of every "step N/M" line, as printed.
 inline std::vector<std::string> step_losses(const std::string& out) {
     std::vector<std::string> losses;
     std::regex re(R"(step +(\d+)/\d+ \| loss ([0-9.]+))");
     for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) losses.push_back((*it)[2]);
     return losses;
+}
+
+inline double relative_difference(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+// ||a - b|| / ||b|| over the parameters of two model files.
+inline double parameter_difference(const std::string& path_a, const std::string& path_b) {
+    auto a = knngpt::read_model_file(path_a);
+    auto b = knngpt::read_model_file(path_b);
+    EXPECT_EQ(a.params.size(), b.params.size());
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < a.params.size() && i < b.params.size(); i++) {
+        diff += ((double)a.params[i] - b.params[i]) * ((double)a.params[i] - b.params[i]);
+        norm += (double)b.params[i] * b.params[i];
+    }
+    return std::sqrt(diff / norm);
+}
+
+// "val loss X" of the summary line.
+inline double final_val_loss(const std::string& out) {
+    size_t at = out.find("done:");
+    size_t v = out.find("val loss ", at);
+    return v == std::string::npos ? NAN : std::stod(out.substr(v + 9));
 }
 
 }  // namespace knngpt_test
