@@ -96,7 +96,7 @@ fi
 train_run() {
   local name=$1 limit=$2 steps=$3; shift 3
   local log="$out/train_$name.log"
-  if timeout "$limit" ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
+  if timeout "$limit" ${launch:-} ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
        --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --vocab 50257 \
        -b 16 -t 1024 -x "$steps" -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 "$@" > "$log" 2>&1; then
     grep -E '^\| (backend|parameters|attention)|^step|^done' "$log"
@@ -117,6 +117,20 @@ note "  (target for later work: 475K tok/s on one H100-class GPU)"
 stage "GPT-2 124M shapes, 3 steps each: knn k 16 (brute top-k) and exact attention with sampled gradients"
 train_run "knn-k16" 40 3 --attn knn --attn-k 16
 train_run "sampled-s16" 40 3 --attn-grad sampled --attn-grad-samples 16
+
+stage "NCCL: data parallel on one GPU (world 1), then on every GPU of the machine (ZeRO-1)"
+if command -v mpirun > /dev/null; then
+  [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  launch="mpirun -q --timeout 60 -np 1" train_run "nccl-world1" 70 5 -z 1
+  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+  if [ "${gpus:-0}" -gt 1 ]; then
+    launch="mpirun -q --timeout 90 -np $gpus" train_run "nccl-world$gpus" 100 5 -z 1 -d $((16 * 1024 * gpus))
+  else
+    note "NCCL on several GPUs: SKIP (one GPU here)"
+  fi
+else
+  note "NCCL stage: SKIP (no mpirun: apt-get install openmpi-bin libopenmpi-dev)"
+fi
 
 stage "attention benchmark"
 if timeout 70 build/bench_attention_cuda > "$out/bench.log" 2>&1; then
