@@ -77,6 +77,9 @@ KNNGPT_HD int lazy_gumbel_default_max_exceeders(int tail, int head) {
     return 8 * ((tail + head - 1) / head) + 8;
 }
 
+// Exceeders scored side by side by the tail walk (attention_scores).
+constexpr int kLazyGumbelScoreBatch = 8;
+
 // Fp64 uniform number d of `purpose` for the sample whose block starts at call `base`.
 KNNGPT_HD double lazy_gumbel_uniform(const DrawSite& site, uint32_t purpose, uint32_t base, int d) {
     Philox4 w = philox_draw(site, purpose, base + (uint32_t)(d >> 1));
@@ -102,10 +105,13 @@ struct LazyGumbelTailCursor {
 //   sample_index < lazy_gumbel_sample_capacity(n_i) (unchecked here)
 //   exceeders, fell_back   if not null: the exceeders evaluated, and whether the cap hit
 //   margin       if not null: every comparison that decided the sample (draws.h)
+//   head_scores  if not null: attention_score of each valid top-k slot, computed once by a
+//                caller that draws several samples of the row (the same values, so the
+//                same samples); else each sample scores its head itself
 KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
                                       const int* topk, int k, const DrawSite& site, uint32_t sample_index,
                                       int max_exceeders, int* exceeders, bool* fell_back,
-                                      DrawMargin* margin = nullptr) {
+                                      DrawMargin* margin = nullptr, const double* head_scores = nullptr) {
     const uint32_t base = sample_index * lazy_gumbel_calls_per_sample(n_i);
     const double inf = (double)INFINITY;
 
@@ -115,7 +121,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     int best = -1;
     for (; head < k && topk[head] >= 0; head++) {
         const int j = topk[head];
-        const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
+        const double s = head_scores ? head_scores[head] : attention_score(q_i, keys + (size_t)j * stride, HS, tau);
         const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_HEAD_GUMBEL, base, head)));
         if (margin) margin->compare(s + g, M, fabs(s) + fabs(g));
         if (s + g > M) { M = s + g; best = j; }
@@ -143,7 +149,25 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         // margins: log(1 - p) magnifies p's error by 1 / (1 - p) = e^(e^-B)
         const double skip_amplification = margin ? exp(e_minus_B) : 1.0;
         LazyGumbelTailCursor cursor{topk, head};
-        // 3.-4. geometric-skip walk: each visited position is one exceeder
+        // 3.-4. geometric-skip walk: each visited position is one exceeder. Where the walk
+        // goes depends on the draws only, never on the scores, so the exceeders are
+        // collected kLazyGumbelScoreBatch at a time, scored side by side
+        // (attention_scores), then compared in walk order: the same samples as one by one.
+        int pending_key[kLazyGumbelScoreBatch];
+        const float* pending_ptr[kLazyGumbelScoreBatch];
+        double pending_g[kLazyGumbelScoreBatch], pending_amp[kLazyGumbelScoreBatch];
+        int pending = 0;
+        auto compare_pending = [&]() {
+            if (pending == 0) return;
+            float s32[kLazyGumbelScoreBatch];
+            attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
+            for (int e = 0; e < pending; e++) {
+                const double s = s32[e], g = pending_g[e];
+                if (margin) margin->compare(s + g, M, fabs(s) + fabs(g), pending_amp[e]);
+                if (s + g > M) { M = s + g; best = pending_key[e]; }
+            }
+            pending = 0;
+        };
         long long pos = -1;
         for (int step = 0;; step++) {
             const double u = lazy_gumbel_uniform(site, DRAW_GEOMETRIC_SKIP, base, step);
@@ -158,12 +182,14 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
             const double x_t = ut * trunc_scale;
             const double E = -log1p(x_t);  // Exp(1) below e^-B
-            const double g = -log(E);      // Gumbel truncated to (B, inf)
-            const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
+            pending_key[pending] = j;
+            pending_ptr[pending] = keys + (size_t)j * stride;
+            pending_g[pending] = -log(E);  // Gumbel truncated to (B, inf)
             // margins: log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
-            if (margin) margin->compare(s + g, M, fabs(s) + fabs(g), fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E)));
-            if (s + g > M) { M = s + g; best = j; }
+            pending_amp[pending] = margin ? fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E)) : 1.0;
+            if (++pending == kLazyGumbelScoreBatch) compare_pending();
             if (x > max_exceeders) {
+                compare_pending();
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
@@ -179,6 +205,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
                 break;
             }
         }
+        compare_pending();
     }
     if (exceeders) *exceeders = x;
     if (fell_back) *fell_back = fallback;

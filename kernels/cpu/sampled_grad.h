@@ -118,7 +118,8 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
 }
 
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
-// cdf: scratch of n_i doubles (ExactRow). Returns exceeders and fallbacks in the counters;
+// cdf: scratch of n_i doubles: the cumulative weights (ExactRow), or the scores of the
+// row's top-k slots, computed once for all its samples (LazyGumbel). Returns exceeders and fallbacks in the counters;
 // margin (tests): the draws' margins (kernels/common/draws.h).
 inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source, const float* q_i,
                                      const float* keys, int stride, int HS, float tau, int n_i, const int* topk,
@@ -132,14 +133,15 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
         }
     } else {
-        int head = 0;
-        while (head < k && topk[head] >= 0) head++;
+        double* head_scores = cdf;  // valid slots <= n_i
+        const int head = lazy_gumbel_head_scores(head_scores, q_i, keys, stride, HS, tau, topk, k);
         const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);
         for (int m = 0; m < count; m++) {
             int x = 0;
             bool fell_back = false;
             J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site,
-                                      sampled_grad_sample_number((uint32_t)m), max_exceeders, &x, &fell_back, margin);
+                                      sampled_grad_sample_number((uint32_t)m), max_exceeders, &x, &fell_back, margin,
+                                      head_scores);
             *exceeders += x;
             *fallbacks += fell_back ? 1 : 0;
         }
