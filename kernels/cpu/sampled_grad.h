@@ -54,6 +54,7 @@
 #include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
+#include "kernels/cpu/topk_panel.h"
 
 namespace knngpt::cpu {
 
@@ -103,12 +104,30 @@ inline void sampled_grad_walk_starts(int* walk_counts, double* walk_weight, cons
 
 // The exact-row sampler's cumulative weights of query i: cdf[l] = sum_{j<=l}
 // exp(s_ij - max_j s_ij), fp64, in key order, s_ij = attention_score (n_i keys).
+// With `panel` (the head's keys packed by topk_pack_head_keys) and a scratch `dots`
+// of 8·ceil(n_i / 8) floats, the scores come from the 8-lane panel routine instead:
+// the same attention_dot chains (topk_panel.h), times tau, so the same cdf.
 inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const float* keys, int stride, int HS,
-                                       float tau, int n_i) {
+                                       float tau, int n_i, const float* panel = nullptr, float* dots = nullptr) {
     double row_max = -INFINITY;
-    for (int j = 0; j < n_i; j++) {
-        cdf[j] = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-        row_max = std::max(row_max, cdf[j]);
+    if (panel) {
+        topk_score_chunks(dots, q_i, panel, 0, topk_num_chunks(n_i), HS);
+        for (int j = 0; j < n_i; j++) {
+            cdf[j] = tau * dots[j];
+            row_max = std::max(row_max, cdf[j]);
+        }
+    }
+    constexpr int W = 8;  // keys scored side by side (attention_scores: attention_score's chains)
+    for (int j0 = 0; j0 < (panel ? 0 : n_i); j0 += W) {
+        const int count = std::min(W, n_i - j0);
+        const float* key_ptrs[W];
+        for (int w = 0; w < count; w++) key_ptrs[w] = keys + (size_t)(j0 + w) * stride;
+        float s[W];
+        attention_scores<W>(s, q_i, key_ptrs, count, HS, tau);
+        for (int w = 0; w < count; w++) {
+            cdf[j0 + w] = s[w];
+            row_max = std::max(row_max, cdf[j0 + w]);
+        }
     }
     double running = 0.0;
     for (int j = 0; j < n_i; j++) {
@@ -118,16 +137,18 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
 }
 
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
+// panel, dots: as sampled_grad_exact_row_cdf's (ExactRow; optional).
 // cdf: scratch of n_i doubles: the cumulative weights (ExactRow), or the scores of the
 // row's top-k slots, computed once for all its samples (LazyGumbel). Returns exceeders and fallbacks in the counters;
 // margin (tests): the draws' margins (kernels/common/draws.h).
 inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source, const float* q_i,
                                      const float* keys, int stride, int HS, float tau, int n_i, const int* topk,
                                      int k, const DrawSite& site, double* cdf, long long* exceeders,
-                                     long long* fallbacks, DrawMargin* margin = nullptr) {
+                                     long long* fallbacks, DrawMargin* margin = nullptr, const float* panel = nullptr,
+                                     float* dots = nullptr) {
     if (count <= 0) return;
     if (source == GradSampleSource::ExactRow) {
-        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i);
+        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i, panel, dots);
         for (int m = 0; m < count; m++) {
             Philox4 w = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)m);
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
@@ -174,6 +195,12 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<double> dk_head((size_t)T * HS), dv_head((size_t)T * HS), dq_row(HS);  // fp64 sums
         std::vector<double> cdf(T);
+        // ExactRow: the head's keys as 8-lane panels, packed once per (b, h), and the row's scores
+        std::vector<float> panel, dots;
+        if (source == GradSampleSource::ExactRow) {
+            panel.resize((size_t)topk_num_chunks(T) * HS * kTopkLanes);
+            dots.resize((size_t)topk_num_chunks(T) * kTopkLanes);
+        }
         std::vector<int> J;
         std::vector<int> walk_counts;         // (HS, T): walks of column c starting at row i
         std::vector<double> walk_weight(HS);  // ||x||_1 / N per column
@@ -187,6 +214,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                 const float* o = out + (size_t)b * T * C + (size_t)h * HS;
                 std::fill(dk_head.begin(), dk_head.end(), 0.0);
                 std::fill(dv_head.begin(), dv_head.end(), 0.0);
+                if (!panel.empty()) topk_pack_head_keys(panel.data(), keys, C3, T, HS);
 
                 // signed-start dV: the walk starts of every column, counted per row
                 if (signed_start_dv) {
@@ -209,7 +237,8 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                         for (int c = 0; c < HS; c++) count = std::max(count, walk_counts[(size_t)c * T + i]);
                     J.resize(count);
                     sampled_grad_row_samples(J.data(), count, source, q_i, keys, C3, HS, tau, n_i, topk, k, site,
-                                             cdf.data(), &total_exceeders, &total_fallbacks, margin_or_null);
+                                             cdf.data(), &total_exceeders, &total_fallbacks, margin_or_null,
+                                             panel.empty() ? nullptr : panel.data(), dots.data());
                     total_samples += count;
 
                     // Delta_i = dO_i . O_i from the given out
