@@ -88,7 +88,7 @@ help:
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make bench-parallel one process of 2 threads vs two MPI processes of 1 (ZeRO-0, ZeRO-1): tok/s, bytes per step"
-	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh recall, n = 1K..16K"
+	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh and cluster recall, n = 1K..16K"
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), PORTABLE_ARCHFLAGS (default empty: plain x86-64,"
 	@echo "           no AVX or FMA), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"

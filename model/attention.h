@@ -63,6 +63,8 @@ struct AttnConfig {
     }
     // does any pass search the top-k keys (the forward's lists, or the sampler's)?
     bool uses_topk_index() const { return mode != AttnMode::Exact || sampled_from_lazy_gumbel(); }
+    // is the index approximate (its lists need not be the exact top k)?
+    bool index_is_approximate() const { return index == ops::TopkIndex::Lsh || index == ops::TopkIndex::Cluster; }
 };
 
 inline const char* attn_mode_name(AttnMode m) {
@@ -80,6 +82,7 @@ inline const char* attn_index_name(ops::TopkIndex i) {
         case ops::TopkIndex::Brute: return "brute";
         case ops::TopkIndex::Block: return "block";
         case ops::TopkIndex::Lsh: return "lsh";
+        case ops::TopkIndex::Cluster: return "cluster";
     }
     return "?";
 }
@@ -95,11 +98,12 @@ enum class AttnProblem {
     KmvWithoutLightSamples,   // kmv with tail < 1
     GradSamplesBelowOne,      // grad_samples < 1
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
-    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on the approximate lsh index:
+    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster):
                                 // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
     GumbelWithoutSampledGrad,   // gumbel has no exact gradient (its samples are discrete)
     KmvNotInBuild,              // this backend has no kmv kernels
     LshNotInBuild,              // this backend has no lsh index
+    ClusterNotInBuild,          // this backend has no cluster index
     TooManyGumbelGroups,        // more median-of-means groups than this backend's gumbel kernel holds
 };
 
@@ -110,12 +114,14 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.mode == AttnMode::Kmv && a.tail < 1) return AttnProblem::KmvWithoutLightSamples;
     if (a.grad_samples < 1) return AttnProblem::GradSamplesBelowOne;
     if (a.gumbel_groups < 1 || a.gumbel_samples < 1) return AttnProblem::GumbelCountsBelowOne;
-    if (a.index == ops::TopkIndex::Lsh && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
+    if (a.index_is_approximate() && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
         return AttnProblem::LazyGumbelNeedsExactIndex;
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact) return AttnProblem::GumbelWithoutSampledGrad;
     const AttnCapabilities can = ops::attention_capabilities();
     if (a.mode == AttnMode::Kmv && !can.kmv) return AttnProblem::KmvNotInBuild;
     if (a.uses_topk_index() && a.index == ops::TopkIndex::Lsh && !can.lsh_index) return AttnProblem::LshNotInBuild;
+    if (a.uses_topk_index() && a.index == ops::TopkIndex::Cluster && !can.cluster_index)
+        return AttnProblem::ClusterNotInBuild;
     if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups) return AttnProblem::TooManyGumbelGroups;
     return AttnProblem::None;
 }
@@ -131,10 +137,11 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::KmvWithoutLightSamples: return "kmv without light samples";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
-        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on the approximate lsh index";
+        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster)";
         case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
         case AttnProblem::KmvNotInBuild: return "kmv, which this build has no kernels for";
         case AttnProblem::LshNotInBuild: return "the lsh index, which this build has no kernels for";
+        case AttnProblem::ClusterNotInBuild: return "the cluster index, which this build has no kernels for";
         case AttnProblem::TooManyGumbelGroups: return "more gumbel groups than this build's kernel holds";
     }
     return "?";

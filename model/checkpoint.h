@@ -243,7 +243,7 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.gumbel_groups = header[58];
     a.gumbel_samples = header[59];
     a.seed = get_u64(header, 60);
-    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Lsh ||
+    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Cluster ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel)
         throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..59)");

@@ -7,6 +7,8 @@
 //   - attention_dot itself for the 8-lane panel routines, bit for bit per lane;
 //   - on small-integer inputs every fp32 score is an exact integer, so there the
 //     reference uses exact double dot products and ties are genuine;
+//   - for cluster, brute force itself with a budget of every key, causality as
+//     independence from the future keys, and a recall floor on clustered keys;
 //   - for lsh, the candidate rule re-derived from the hash codes (lsh_codes), and
 //     the hashing itself checked statistically: hyperplane entries standard
 //     Gaussian, and SimHash's bit-collision probability 1 - angle / pi.
@@ -159,6 +161,20 @@ vector<int> run_lsh(const vector<float>& qkv, const Shape& s, int k, const cpu::
     vector<int> idx(s.idx_size(k), -7);
     cpu::causal_topk_lsh(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
     return idx;
+}
+vector<int> run_cluster(const vector<float>& qkv, const Shape& s, int k,
+                        const cpu::TopkClusterParams& p = cpu::TopkClusterParams(), cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_cluster(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
+    return idx;
+}
+// small blocks and clusters, so that short sequences have several dyadic levels
+cpu::TopkClusterParams small_cluster_params(int budget) {
+    cpu::TopkClusterParams p;
+    p.base = 64;
+    p.cluster_size = 8;
+    p.budget = budget;
+    return p;
 }
 
 struct Partition {
@@ -830,6 +846,102 @@ TEST(TopkLsh, BitsCollideWithProbabilityOneMinusAngleOverPi) {
 }
 
 // ---------------------------------------------------------------------------
+// cluster
+
+TEST(TopkCluster, ReturnsWellFormedCausalRowsOnEdgeShapes) {
+    // T = 1..5 (k >= T included), head sizes 1, 7 and 64, and sequences crossing block edges
+    for (int T : {1, 2, 3, 4, 5, 63, 64, 65, 200, 333}) {
+        for (int HS : {1, 7, 64}) {
+            const Shape s{2, T, 2 * HS, 2};
+            const vector<float> qkv = uniform_qkv(s, 130 + T + HS);
+            for (int k : {1, 3, 5, 40}) {
+                for (int budget : {0, 8, 1000}) {
+                    const vector<int> idx = run_cluster(qkv, s, k, small_cluster_params(budget));
+                    ASSERT_EQ(count_invalid_rows(idx, s, k), 0) << "T=" << T << " HS=" << HS << " k=" << k;
+                }
+                if (T <= 64) {  // no complete block before any query: the own block only, exactly
+                    EXPECT_EQ(run_cluster(qkv, s, k, small_cluster_params(0)), run_brute(qkv, s, k));
+                }
+            }
+            EXPECT_EQ(count_invalid_rows(run_cluster(qkv, s, 4), s, 4), 0);  // the defaults
+        }
+    }
+}
+
+TEST(TopkCluster, WithABudgetOfEveryKeyEqualsBruteBitForBit) {
+    const Shape s{2, 700, 64, 2};
+    const vector<vector<float>> inputs = {uniform_qkv(s, 141), clustered_qkv(s, 142, 6, 20, 80),
+                                          sphere_mixture_qkv(s, 143, 16, 3.0f, 0.3f), integer_qkv(s, 144, 2)};
+    for (size_t u = 0; u < inputs.size(); u++) {
+        for (int k : {1, 9, 32}) {
+            const vector<int> exact = run_brute(inputs[u], s, k);
+            for (int cluster_size : {1, 8, 32}) {
+                cpu::TopkClusterParams p = small_cluster_params(s.T);
+                p.cluster_size = cluster_size;
+                EXPECT_EQ(run_cluster(inputs[u], s, k, p), exact) << "input " << u << " k=" << k << " cs=" << cluster_size;
+            }
+            cpu::TopkClusterParams p;  // the default blocks, every key
+            p.budget = s.T;
+            EXPECT_EQ(run_cluster(inputs[u], s, k, p), exact) << "input " << u << " k=" << k;
+        }
+    }
+}
+
+TEST(TopkCluster, RowsDependOnlyOnTheirPast) {
+    // rows 0..P are unchanged when the keys and queries after P change, and equal the
+    // rows of the sequence cut after P
+    const Shape s{1, 600, 64, 2};
+    const int k = 8, P = 389;
+    const vector<float> qkv = sphere_mixture_qkv(s, 151, 8, 3.0f, 0.3f);
+    vector<float> changed = qkv;
+    const vector<float> noise = uniform_qkv(s, 152);
+    for (size_t x = (size_t)(P + 1) * 3 * s.C; x < changed.size(); x++) changed[x] = noise[x];
+    const Shape cut{1, P + 1, 64, 2};
+    const vector<float> prefix(qkv.begin(), qkv.begin() + (size_t)(P + 1) * 3 * s.C);
+    const cpu::TopkClusterParams p = small_cluster_params(24);
+    const vector<int> a = run_cluster(qkv, s, k, p), b = run_cluster(changed, s, k, p);
+    const vector<int> c = run_cluster(prefix, cut, k, p);
+    for (int h = 0; h < s.NH; h++)
+        for (int i = 0; i <= P; i++)
+            for (int slot = 0; slot < k; slot++) {
+                const int x = a[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot];
+                ASSERT_EQ(b[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot], x) << "h=" << h << " i=" << i;
+                ASSERT_EQ(c[cpu::topk_idx_row(0, h, i, cut.T, cut.NH, k) + slot], x) << "h=" << h << " i=" << i;
+            }
+}
+
+TEST(TopkCluster, RecallOnClusteredKeysIsAboveAFloor) {
+    // the benchmark's clustered inputs: 64 centres of norm 3, noise 0.3, k = 32
+    const Shape s{1, 4096, 64, 1};
+    const int k = 32;
+    const vector<float> qkv = sphere_mixture_qkv(s, 161, 64, 3.0f, 0.3f);
+    cpu::TopkStats stats;
+    const vector<int> found = run_cluster(qkv, s, k, cpu::TopkClusterParams(), &stats);
+    EXPECT_EQ(count_invalid_rows(found, s, k), 0);
+    const double r = recall(found, run_brute(qkv, s, k), s, k);
+    const double score_fraction = (double)stats.scores_computed / brute_scores(s, k);
+    std::printf("  T=%d k=%d: recall %.3f, scores %.3f of brute's, clusters visited %.3f\n", s.T, k, r, score_fraction,
+                (double)stats.blocks_visited / (double)stats.blocks_total);
+    RecordProperty("cluster_recall", std::to_string(r));
+    EXPECT_GT(r, 0.88);
+    EXPECT_LT(score_fraction, 0.25);
+}
+
+TEST(TopkCluster, RecallGrowsWithTheBudget) {
+    const Shape s{1, 1024, 32, 1};
+    const int k = 16;
+    const vector<float> qkv = sphere_mixture_qkv(s, 171, 32, 3.0f, 0.3f);
+    const vector<int> exact = run_brute(qkv, s, k);
+    double last = 0.0;
+    for (int budget : {0, 32, 128, 512}) {
+        const double r = recall(run_cluster(qkv, s, k, small_cluster_params(budget)), exact, s, k);
+        EXPECT_GE(r, last - 0.01) << "budget " << budget;
+        last = r;
+    }
+    EXPECT_GT(last, 0.95);
+}
+
+// ---------------------------------------------------------------------------
 // dispatch, statistics, threads
 
 TEST(TopkDispatch, RunsTheNamedIndex) {
@@ -847,6 +959,8 @@ TEST(TopkDispatch, RunsTheNamedIndex) {
     EXPECT_GT(stats.blocks_total, 0);
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Lsh, p);
     EXPECT_EQ(idx, run_lsh(qkv, s, k, p));
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Cluster, p);
+    EXPECT_EQ(idx, run_cluster(qkv, s, k));
 }
 
 TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
@@ -855,8 +969,8 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int k = 9;
     cpu::LshParams p;
     const vector<float> interleaved = sphere_mixture_qkv(s, 112, 8, 3.0f, 0.3f);
-    vector<int> results[2][4];
-    cpu::TopkStats stats[2][4];
+    vector<int> results[2][5];
+    cpu::TopkStats stats[2][5];
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
@@ -864,9 +978,10 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
         results[t][1] = run_block(qkv, s, k, 32, &stats[t][1]);
         results[t][2] = run_lsh(qkv, s, k, p, &stats[t][2]);
         results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);
+        results[t][4] = run_cluster(interleaved, s, k, small_cluster_params(40), &stats[t][4]);
     }
     omp_set_num_threads(saved);
-    for (int m = 0; m < 4; m++) {
+    for (int m = 0; m < 5; m++) {
         EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
         EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
         EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;

@@ -227,6 +227,7 @@ TEST_F(Trainer, EveryAttentionModeTrains) {
     const std::vector<std::pair<std::string, std::string>> modes = {
         {"--attn knn --attn-k 4", "knn k 4 index brute, grad exact"},
         {"--attn knn --attn-k 4 --attn-index lsh", "knn k 4 index lsh"},
+        {"--attn knn --attn-k 4 --attn-index cluster", "knn k 4 index cluster"},
         {"--attn knn-tail --attn-k 4 --attn-tail 4", "knn-tail k 4 index brute tail 4"},
         {"--attn gumbel --attn-k 4 --attn-grad sampled", "gumbel k 4"},
         {"--attn kmv --attn-k 4 --attn-tail 4", "kmv k 4"},
@@ -292,6 +293,8 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
         {"--attn gumbel", "use --attn-grad sampled"},
         {"--attn gumbel --attn-grad sampled --attn-index lsh", "needs an exact top-k index"},
         {"--attn knn --attn-index lsh --attn-grad sampled", "needs an exact top-k index"},
+        {"--attn gumbel --attn-grad sampled --attn-index cluster", "needs an exact top-k index"},
+        {"--attn knn --attn-index cluster --attn-grad sampled", "not cluster"},
         {"--attn-grad sampled --attn-grad-samples 0", "--attn-grad-samples must be >= 1"},
         {"--attn-k x", "--attn-k: expected an integer"},
         {"--attn-eval knn:q=3", "unknown field 'q'"},

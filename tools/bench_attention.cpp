@@ -10,7 +10,7 @@
 // it times each mode's forward and forward + backward (one warm-up call, then
 // the median of --reps calls; one call at n >= 8K),
 // prints the ratio to exact attention, the mean and max absolute error of the
-// output against exact, the recall of the lsh index against brute force, and
+// output against exact, the recall of the lsh and cluster indexes against brute force, and
 // the log-log slope of time against n per mode. It writes a CSV.
 //
 // It then reruns the seed paper's forward experiment (1 batch, 10 heads,
@@ -18,6 +18,7 @@
 // time and mean error beside the paper's laptop figures.
 //
 //   build/bench_attention [--sizes 1024,2048,...] [--heads 1] [--reps 3] [--k 32] [--csv FILE] [--no-paper]
+//                         [--modes knn/brute,knn/cluster,...]   (only these, after exact)
 #include <omp.h>
 
 #include <algorithm>
@@ -112,7 +113,7 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const std::vector<float
     const int K = std::max(cfg.list_size(), 1);
     std::vector<int> idx(rows * K), topk(rows * std::max(cfg.k, 1));
     std::vector<float> logw(rows * K), out((size_t)T * C), lse(rows), dout((size_t)T * C), dqkv(in.qkv.size());
-    const AttnLayerCall call{cfg, 0, 0, AttnLayerState{idx.data(), logw.data(), cfg.list_size()},
+    const AttnLayerCall call{cfg, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), cfg.list_size()},
                              AttnScratch{topk.data()}};
     Rng rng(7);
     for (float& x : dout) x = 2.0f * rng.uniform() - 1.0f;
@@ -136,13 +137,13 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const std::vector<float
     return r;
 }
 
-// Fraction of brute-force top-k keys that the lsh index also returns.
-double lsh_recall(const Inputs& in, int k) {
+// Fraction of brute-force top-k keys that an approximate index (lsh, cluster) also returns.
+double index_recall(const Inputs& in, int k, ops::TopkIndex index) {
     const size_t rows = (size_t)in.NH * in.T;
     std::vector<int> brute(rows * k), lsh(rows * k);
     ops::causal_topk_brute(brute.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k);
     ops::LshParams p;
-    ops::causal_topk_lsh(lsh.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k, p);
+    ops::causal_topk(lsh.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k, index, p);
     long long hit = 0, total = 0;
     for (size_t r = 0; r < rows; r++)
         for (int a = 0; a < k; a++) {
@@ -184,7 +185,7 @@ int main(int argc, char** argv) {
     std::vector<int> sizes = {1024, 2048, 4096, 8192, 16384};
     int heads = 1, reps = 3, k = 32;
     bool paper = true;
-    std::string csv_path = "build/bench_attention.csv";
+    std::string csv_path = "build/bench_attention.csv", only;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto value = [&](const char* flag) {
@@ -197,6 +198,7 @@ int main(int argc, char** argv) {
         else if (a == "--k") k = atoi(value("--k"));
         else if (a == "--csv") csv_path = value("--csv");
         else if (a == "--no-paper") paper = false;
+        else if (a == "--modes") only = "," + std::string(value("--modes")) + ",";
         else { fprintf(stderr, "bench_attention: unknown flag '%s'\n", a.c_str()); return 1; }
     }
     if (sizes.empty() || heads < 1 || reps < 1 || k < 1) { fprintf(stderr, "bench_attention: bad arguments\n"); return 1; }
@@ -213,16 +215,23 @@ int main(int argc, char** argv) {
         mode("knn/brute", AttnMode::Knn, I::Brute, 0, AttnGrad::Exact),
         mode("knn/block", AttnMode::Knn, I::Block, 0, AttnGrad::Exact),
         mode("knn/lsh", AttnMode::Knn, I::Lsh, 0, AttnGrad::Exact),
+        mode("knn/cluster", AttnMode::Knn, I::Cluster, 0, AttnGrad::Exact),
         mode("knn-tail/block", AttnMode::KnnTail, I::Block, k, AttnGrad::Exact),
         mode("gumbel/block", AttnMode::Gumbel, I::Block, 0, AttnGrad::Sampled),
         mode("kmv", AttnMode::Kmv, I::Brute, k, AttnGrad::Exact),
         mode("exact+sampled-grad", AttnMode::Exact, I::Brute, 0, AttnGrad::Sampled),
         mode("knn/block+sampled-grad", AttnMode::Knn, I::Block, 0, AttnGrad::Sampled),
     };
+    if (!only.empty()) {  // exact stays first: the ratios and errors are against it
+        std::vector<Mode> kept = {modes[0]};
+        for (size_t m = 1; m < modes.size(); m++)
+            if (only.find("," + modes[m].name + ",") != std::string::npos) kept.push_back(modes[m]);
+        modes = kept;
+    }
 
     FILE* csv = fopen(csv_path.c_str(), "w");
     if (!csv) { fprintf(stderr, "bench_attention: cannot write %s\n", csv_path.c_str()); return 1; }
-    fprintf(csv, "input,n,mode,fwd_ms,fwd_ratio,fwdbwd_ms,fwdbwd_ratio,mean_err,max_err,lsh_recall\n");
+    fprintf(csv, "input,n,mode,fwd_ms,fwd_ratio,fwdbwd_ms,fwdbwd_ratio,mean_err,max_err,recall\n");
     printf("bench_attention: head size %d, %d head(s), k %d, %d thread(s), median of %d\n", HS, heads, k,
            omp_get_max_threads(), reps);
     for (bool clustered : {true, false}) {
@@ -242,7 +251,9 @@ int main(int argc, char** argv) {
             for (size_t m = 0; m < modes.size(); m++) {
                 Result r = run_mode(modes[m].cfg, in, exact_out, n_reps);
                 if (m == 0) base = r;
-                if (modes[m].cfg.index == ops::TopkIndex::Lsh) r.recall = lsh_recall(in, k);
+                if (modes[m].cfg.mode == AttnMode::Knn &&
+                    (modes[m].cfg.index == ops::TopkIndex::Lsh || modes[m].cfg.index == ops::TopkIndex::Cluster))
+                    r.recall = index_recall(in, k, modes[m].cfg.index);
                 fwd_times[m].push_back(r.fwd_ms);
                 fb_times[m].push_back(r.fwdbwd_ms);
                 double fr = base.fwd_ms / r.fwd_ms, br = r.fwdbwd_ms > 0 ? base.fwdbwd_ms / r.fwdbwd_ms : NAN;
@@ -275,7 +286,7 @@ int main(int argc, char** argv) {
         c.mode = AttnMode::Knn, c.k = 3, c.index = ops::TopkIndex::Brute;
         std::vector<int> idx((size_t)NH * n * 3), topk(idx.size());
         std::vector<float> logw(idx.size());
-        const AttnLayerCall call{c, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
+        const AttnLayerCall call{c, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
         double knn_ms = time_ms(
             [&] { attention_layer_forward(call, knn_out.data(), lse.data(), in.qkv.data(), 1, n, in.C, NH); }, 1);
         double err = 0, max_err = 0;

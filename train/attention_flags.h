@@ -42,7 +42,8 @@ inline ops::TopkIndex parse_attn_index(const std::string& name) {
     if (name == "brute") return ops::TopkIndex::Brute;
     if (name == "block") return ops::TopkIndex::Block;
     if (name == "lsh") return ops::TopkIndex::Lsh;
-    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh)");
+    if (name == "cluster") return ops::TopkIndex::Cluster;
+    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster)");
 }
 inline AttnGrad parse_attn_grad(const std::string& name) {
     if (name == "exact") return AttnGrad::Exact;
@@ -82,13 +83,15 @@ inline void check_attn_config(const AttnConfig& a) {
         case AttnProblem::GumbelCountsBelowOne:
             throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
         case AttnProblem::LazyGumbelNeedsExactIndex:
-            throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index brute or block), "
-                                     "not lsh");
+            throw std::runtime_error(std::string("lazy Gumbel sampling needs an exact top-k index (--attn-index brute "
+                                                 "or block), not ") +
+                                     attn_index_name(a.index));
         case AttnProblem::GumbelWithoutSampledGrad:
             throw std::runtime_error(
                 "--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
         case AttnProblem::KmvNotInBuild: throw std::runtime_error("--attn kmv" + missing);
         case AttnProblem::LshNotInBuild: throw std::runtime_error("--attn-index lsh" + missing);
+        case AttnProblem::ClusterNotInBuild: throw std::runtime_error("--attn-index cluster" + missing);
         case AttnProblem::TooManyGumbelGroups:
             throw std::runtime_error("--attn-gumbel-groups " + std::to_string(a.gumbel_groups) + ": " + can.build +
                                      " takes at most " + std::to_string(can.max_gumbel_groups));

@@ -17,7 +17,7 @@ namespace knngpt {
 enum class AttnMode { Exact, Knn, KnnTail, Gumbel, Kmv };
 enum class AttnGrad { Exact, Sampled };
 
-enum class TopkIndex { Brute, Block, Lsh };
+enum class TopkIndex { Brute, Block, Lsh, Cluster };
 
 struct LshParams {
     int num_bits = 8;    // hyperplanes per table, 0..16 (2^num_bits buckets)
@@ -47,6 +47,7 @@ struct AttnCapabilities {
     const char* build = "";           // the build, as messages name it
     bool kmv = true;                  // the kmv forward
     bool lsh_index = true;            // the approximate lsh top-k index
+    bool cluster_index = true;        // the approximate cluster top-k index
     int max_gumbel_groups = 1 << 30;  // median-of-means groups of the gumbel forward
 };
 

@@ -121,7 +121,8 @@ inline float topk_radius2(const float* rows, int n, int HS, float* mean) {
 // by 2-means (see above) and reorders them: one side at [lo, mid), the other at
 // [mid, hi). Returns mid. scratch_rows holds >= hi - lo rows; the vectors are resized.
 inline int topk_bisect(float* x, int* pos, int lo, int hi, int HS, int min_side, float* scratch_rows,
-                       std::vector<float>& p, std::vector<char>& side, std::vector<int>& order) {
+                       std::vector<float>& p, std::vector<char>& side, std::vector<int>& order,
+                       int iters = kTopkBisectIters) {
     const int n = hi - lo;
     float* rows = x + (size_t)lo * HS;
     std::vector<float> ca(HS), cb(HS), w(HS);
@@ -144,7 +145,7 @@ inline int topk_bisect(float* x, int* pos, int lo, int hi, int HS, int min_side,
     std::copy(rows + (size_t)b * HS, rows + (size_t)b * HS + HS, cb.begin());
     // Lloyd rounds
     int na = 0;
-    for (int it = 0; it < kTopkBisectIters; it++) {
+    for (int it = 0; it < iters; it++) {
         float norm_a = 0.0f, norm_b = 0.0f;
         for (int d = 0; d < HS; d++) {
             w[d] = ca[d] - cb[d];
@@ -161,7 +162,7 @@ inline int topk_bisect(float* x, int* pos, int lo, int hi, int HS, int min_side,
             side[r] = s;
             na += s;
         }
-        if (!moved || na == 0 || na == n || it + 1 == kTopkBisectIters) break;
+        if (!moved || na == 0 || na == n || it + 1 == iters) break;
         std::fill(ca.begin(), ca.end(), 0.0f);
         std::fill(cb.begin(), cb.end(), 0.0f);
         for (int r = 0; r < n; r++) {
@@ -198,8 +199,11 @@ inline int topk_bisect(float* x, int* pos, int lo, int hi, int HS, int min_side,
 // The blocks of one head: block c holds the key positions keys[block_start[c] ..
 // block_start[c+1]), ascending, every block at most block_size keys, blocks ordered
 // by their first key. keys is a permutation of 0..T-1. Key j is k_head[j * key_stride ..].
+// The approximate cluster index (topk_cluster.h) passes tight_split = false (a set of at most
+// block_size keys is a block) and fewer Lloyd rounds (iters).
 inline void topk_block_partition(std::vector<int>& block_start, std::vector<int>& keys, const float* k_head,
-                                 size_t key_stride, int T, int HS, int block_size) {
+                                 size_t key_stride, int T, int HS, int block_size, bool tight_split = true,
+                                 int iters = kTopkBisectIters) {
     topk_check(block_size >= 1, "block_size must be >= 1");
     std::vector<float> x((size_t)T * HS), scratch((size_t)T * HS), p;
     std::vector<int> pos((size_t)T), order;
@@ -218,19 +222,19 @@ inline void topk_block_partition(std::vector<int>& block_start, std::vector<int>
         int mid;
         if (hi - lo <= block_size) {
             // small enough; still split when both halves are clearly tighter (two groups)
-            const float r2 = hi - lo >= 2 ? radius2(lo, hi) : 0.0f;
+            const float r2 = tight_split && hi - lo >= 2 ? radius2(lo, hi) : 0.0f;
             if (!(r2 > 0.0f)) {
                 leaves.push_back({lo, hi});
                 continue;
             }
-            mid = topk_bisect(x.data(), pos.data(), lo, hi, HS, 1, scratch.data(), p, side, order);
+            mid = topk_bisect(x.data(), pos.data(), lo, hi, HS, 1, scratch.data(), p, side, order, iters);
             if (std::max(radius2(lo, mid), radius2(mid, hi)) > kTopkTightSplit * kTopkTightSplit * r2) {
                 leaves.push_back({lo, hi});
                 continue;
             }
         } else {
             const int min_side = std::max(1, std::min((hi - lo) / 2, block_size / 4));
-            mid = topk_bisect(x.data(), pos.data(), lo, hi, HS, min_side, scratch.data(), p, side, order);
+            mid = topk_bisect(x.data(), pos.data(), lo, hi, HS, min_side, scratch.data(), p, side, order, iters);
         }
         pending.push_back({mid, hi});
         pending.push_back({lo, mid});
@@ -261,8 +265,8 @@ struct TopkBlockHead {
 };
 
 inline void topk_block_head_build(TopkBlockHead& head, const float* k_head, size_t key_stride, int T, int HS,
-                                  int block_size) {
-    topk_block_partition(head.block_start, head.keys, k_head, key_stride, T, HS, block_size);
+                                  int block_size, bool tight_split = true, int iters = kTopkBisectIters) {
+    topk_block_partition(head.block_start, head.keys, k_head, key_stride, T, HS, block_size, tight_split, iters);
     const int nb = (int)head.block_start.size() - 1;
     head.num_blocks = nb;
     head.first_key.resize(nb);

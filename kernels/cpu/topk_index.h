@@ -19,7 +19,12 @@
 //                        pruned by a centroid + radius bound
 //   lsh    topk_lsh.h    approximate: SimHash buckets on MIPS-padded vectors, candidates
 //                        ranked by the exact score; with num_bits = 0 equal to brute
-// causal_topk runs the one TopkIndex names (block with blocks of 64 keys) and adds its
+//   cluster topk_cluster.h approximate: causal dyadic blocks of keys clustered by 2-means
+//                        bisection; a query scores its own block exactly and the best
+//                        clusters by centroid score up to a budget of keys; with a budget
+//                        >= T equal to brute
+// causal_topk runs the one TopkIndex names (block with blocks of 64 keys, cluster with its
+// TopkClusterParams defaults) and adds its
 // statistics to *stats (TopkStats, topk_select.h). Inputs must be finite (a NaN score has
 // no place in the ranking). Every row is computed by one thread in a fixed order, so
 // results and statistics do not depend on the thread count.
@@ -29,6 +34,7 @@
 #include "kernels/common/attention_score.h"
 #include "kernels/cpu/topk_block.h"
 #include "kernels/cpu/topk_brute.h"
+#include "kernels/cpu/topk_cluster.h"
 #include "kernels/cpu/topk_lsh.h"
 #include "kernels/cpu/topk_select.h"
 
@@ -43,6 +49,7 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
         case TopkIndex::Brute: causal_topk_brute(idx, qkv, B, T, C, NH, k, stats); break;
         case TopkIndex::Block: causal_topk_block(idx, qkv, B, T, C, NH, k, 64, stats); break;
         case TopkIndex::Lsh: causal_topk_lsh(idx, qkv, B, T, C, NH, k, p, stats); break;
+        case TopkIndex::Cluster: causal_topk_cluster(idx, qkv, B, T, C, NH, k, TopkClusterParams(), stats); break;
     }
 }
 

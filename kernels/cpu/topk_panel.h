@@ -171,4 +171,12 @@ inline void topk_score_chunk_list(float* out, const float* q, const float* panel
     topk_lanes_portable::topk_score_chunk_list(out, q, panel, chunk_ids, n, HS);
 }
 
+// scores of one query against chunks given by address: out[u * 8 + l] for chunk[u]
+inline void topk_score_chunk_ptrs(float* out, const float* q, const float* const* chunk, int n, int HS) {
+#if KNNGPT_TOPK_LANES_FMA
+    if (topk_lanes_use_fma()) return topk_lanes_fma::topk_score_chunk_ptrs(out, q, chunk, n, HS);
+#endif
+    topk_lanes_portable::topk_score_chunk_ptrs(out, q, chunk, n, HS);
+}
+
 }  // namespace knngpt::cpu

@@ -8,6 +8,7 @@
 //   topk_score_chunks          one query against chunks [c0, c1): groups of 8, 4, then 1
 //   topk_score_chunks_4q       four interleaved queries against chunks [0, c1): 2 x 4 chains
 //   topk_score_chunk_list      one query against listed chunks: groups of 8, then 1
+//   topk_score_chunk_ptrs      one query against chunks by address: groups of 8, 4, then 1
 // Each lane's chain is attention_dot's, whatever the grouping (topk_panel.h).
 
 // N independent chains (N chunks in flight keep both fma ports busy): the scores of the
@@ -98,4 +99,13 @@ inline void topk_score_chunk_list(float* out, const float* q, const float* panel
         chunk[0] = panel + (size_t)chunk_ids[u] * chunk_size;
         topk_score_chunk_group<1>(out + (size_t)u * kTopkLanes, q, 1, chunk, HS);
     }
+}
+
+// the same for chunks given by address (chunks of several panels): out[u * 8 + l] for
+// chunk[u]; eight at a time, then four, then one
+inline void topk_score_chunk_ptrs(float* out, const float* q, const float* const* chunk, int n, int HS) {
+    int u = 0;
+    for (; u + 8 <= n; u += 8) topk_score_chunk_group<8>(out + (size_t)u * kTopkLanes, q, 1, chunk + u, HS);
+    for (; u + 4 <= n; u += 4) topk_score_chunk_group<4>(out + (size_t)u * kTopkLanes, q, 1, chunk + u, HS);
+    for (; u < n; u++) topk_score_chunk_group<1>(out + (size_t)u * kTopkLanes, q, 1, chunk + u, HS);
 }

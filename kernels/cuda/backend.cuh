@@ -128,13 +128,14 @@ inline double device_peak_flops() {
 
 // ---- attention ops without a CUDA kernel yet ---------------------------------
 
-// What this build's attention kernels cover: no lsh index and no kmv yet, and
+// What this build's attention kernels cover: no lsh or cluster index and no kmv yet, and
 // at most kGumbelMaxGroups median-of-means groups.
 inline AttnCapabilities attention_capabilities() {
     AttnCapabilities c;
     c.build = "the CUDA build";
     c.kmv = false;
     c.lsh_index = false;
+    c.cluster_index = false;
     c.max_gumbel_groups = kGumbelMaxGroups;
     return c;
 }
@@ -146,6 +147,7 @@ inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
     if (index == TopkIndex::Lsh) throw std::runtime_error("causal_topk: the lsh index has no CUDA kernel yet");
+    if (index == TopkIndex::Cluster) throw std::runtime_error("causal_topk: the cluster index has no CUDA kernel yet");
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
