@@ -112,7 +112,7 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const std::vector<float
     const int K = std::max(cfg.list_size(), 1);
     std::vector<int> idx(rows * K), topk(rows * std::max(cfg.k, 1));
     std::vector<float> logw(rows * K), out((size_t)T * C), lse(rows), dout((size_t)T * C), dqkv(in.qkv.size());
-    const AttnLayerCall call{cfg, 0, 0, AttnLayerState{idx.data(), logw.data(), cfg.list_size()},
+    const AttnLayerCall call{cfg, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), cfg.list_size()},
                              AttnScratch{topk.data()}};
     Rng rng(7);
     for (float& x : dout) x = 2.0f * rng.uniform() - 1.0f;
@@ -275,7 +275,7 @@ int main(int argc, char** argv) {
         c.mode = AttnMode::Knn, c.k = 3, c.index = ops::TopkIndex::Brute;
         std::vector<int> idx((size_t)NH * n * 3), topk(idx.size());
         std::vector<float> logw(idx.size());
-        const AttnLayerCall call{c, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
+        const AttnLayerCall call{c, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
         double knn_ms = time_ms(
             [&] { attention_layer_forward(call, knn_out.data(), lse.data(), in.qkv.data(), 1, n, in.C, NH); }, 1);
         double err = 0, max_err = 0;
