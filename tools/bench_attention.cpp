@@ -18,6 +18,9 @@
 // time and mean error beside the paper's laptop figures.
 //
 //   build/bench_attention [--sizes 1024,2048,...] [--heads 1] [--reps 3] [--k 32] [--csv FILE] [--no-paper]
+//                         [--modes knn/brute,...] [--inputs clustered|uniform]
+// --modes keeps only the named modes (exact always runs: it is what the others are
+// compared with); --inputs keeps one kind of input.
 #include <omp.h>
 
 #include <algorithm>
@@ -167,6 +170,22 @@ double slope(const std::vector<double>& n, const std::vector<double>& t) {
     return (m * sxy - sx * sy) / (m * sxx - sx * sx);
 }
 
+// the comma-separated fields of s
+std::vector<std::string> split_commas(const char* s) {
+    std::vector<std::string> v;
+    std::string cur;
+    for (const char* p = s;; p++) {
+        if (*p == ',' || *p == 0) {
+            if (!cur.empty()) v.push_back(cur);
+            cur.clear();
+            if (!*p) break;
+        } else {
+            cur += *p;
+        }
+    }
+    return v;
+}
+
 std::vector<int> parse_sizes(const char* s) {
     std::vector<int> v;
     for (const char* p = s; *p;) {
@@ -184,6 +203,8 @@ int main(int argc, char** argv) {
     std::vector<int> sizes = {1024, 2048, 4096, 8192, 16384};
     int heads = 1, reps = 3, k = 32;
     bool paper = true;
+    std::vector<std::string> only_modes;  // empty: every mode
+    std::string only_inputs;              // empty: both kinds
     std::string csv_path = "build/bench_attention.csv";
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -197,7 +218,13 @@ int main(int argc, char** argv) {
         else if (a == "--k") k = atoi(value("--k"));
         else if (a == "--csv") csv_path = value("--csv");
         else if (a == "--no-paper") paper = false;
+        else if (a == "--modes") only_modes = split_commas(value("--modes"));
+        else if (a == "--inputs") only_inputs = value("--inputs");
         else { fprintf(stderr, "bench_attention: unknown flag '%s'\n", a.c_str()); return 1; }
+    }
+    if (!only_inputs.empty() && only_inputs != "clustered" && only_inputs != "uniform") {
+        fprintf(stderr, "bench_attention: --inputs is clustered or uniform\n");
+        return 1;
     }
     if (sizes.empty() || heads < 1 || reps < 1 || k < 1) { fprintf(stderr, "bench_attention: bad arguments\n"); return 1; }
     const int HS = 64;
@@ -219,6 +246,18 @@ int main(int argc, char** argv) {
         mode("exact+sampled-grad", AttnMode::Exact, I::Brute, 0, AttnGrad::Sampled),
         mode("knn/block+sampled-grad", AttnMode::Knn, I::Block, 0, AttnGrad::Sampled),
     };
+    if (!only_modes.empty()) {
+        for (const std::string& name : only_modes)
+            if (std::none_of(modes.begin(), modes.end(), [&](const Mode& m) { return m.name == name; })) {
+                fprintf(stderr, "bench_attention: unknown mode '%s'\n", name.c_str());
+                return 1;
+            }
+        std::vector<Mode> kept;
+        for (const Mode& m : modes)
+            if (m.name == "exact" || std::find(only_modes.begin(), only_modes.end(), m.name) != only_modes.end())
+                kept.push_back(m);
+        modes = kept;
+    }
 
     FILE* csv = fopen(csv_path.c_str(), "w");
     if (!csv) { fprintf(stderr, "bench_attention: cannot write %s\n", csv_path.c_str()); return 1; }
@@ -227,6 +266,7 @@ int main(int argc, char** argv) {
            omp_get_max_threads(), reps);
     for (bool clustered : {true, false}) {
         const char* kind = clustered ? "clustered" : "uniform";
+        if (!only_inputs.empty() && only_inputs != kind) continue;
         std::vector<std::vector<double>> fwd_times(modes.size()), fb_times(modes.size());
         std::vector<double> ns;
         printf("\n%-10s %6s %-24s %10s %8s %12s %8s %10s %9s %7s\n", "input", "n", "mode", "fwd ms", "x exact",
