@@ -4,17 +4,51 @@
 //   S_i = the k keys j in {0, .., i} ranked highest by (attention_dot(q_i, k_j) desc, j asc)
 //
 // Shapes: qkv (B, T, 3C) as in attention.h (q = channels [0, C), k = [C, 2C), head h at
-// h*HS.., HS = C / NH); idx (B, NH, T, k) as in topk_select.h. Per (b, h) and block of
-// kTopkQueryBlock queries, the block's scores against keys 0..(its last query) go into a
-// per-thread (block, T) scratch (never a T x T buffer), four queries at a time over the
-// key panel (topk_panel.h); then a selector per row. O(T^2 HS) per head.
+// h*HS.., HS = C / NH); idx (B, NH, T, k) as in topk_select.h. O(T^2 HS) per head, never
+// a T x T buffer. Two implementations, the same lists bit for bit:
+//
+// causal_topk_brute_reference — the definition, literally: per (b, h) and block of
+// kTopkQueryBlock queries, every causal score with attention_dot (the 8-lane key panels
+// of topk_panel.h, four queries at a time) into a per-thread (block, T) scratch, then a
+// selector per row.
+//
+// causal_topk_brute — the same lists at sgemm speed. Per (b, h) and query block:
+//   fast     f_ij = q_i . k_j for the block's rows and keys 0..(its last query): one
+//            cblas_sgemm, tiled as attention_forward tiles it, summed in OpenBLAS's order;
+//   bound    |f_ij - s_ij| <= Delta_i for every causal j, s_ij = attention_dot(q_i, k_j):
+//            both are fp32 sums of the HS products, each within gamma_HS sum_d |q_d k_d| of
+//            the real dot (any order, with or without fma; gamma_n = n u / (1 - n u),
+//            u = 2^-24), and sum_d |q_d k_d| <= ||q_i|| ||k_j|| (Cauchy-Schwarz), so
+//            Delta_i = 2 gamma_HS ||q_i|| max_{j<=i} ||k_j|| plus an underflow term, in
+//            double with upward slack (topk_brute_margin);
+//   cut      f_k = the k-th largest f_ij over j <= i; the candidates are the keys j <= i
+//            with f_ij >= t_i, an fp32 value <= f_k - 2 Delta_i;
+//   rescore  the candidates with attention_dot (a panel of just them, topk_panel.h), and
+//            the top k of them by (score desc, j asc).
+// Why that is the reference's list: the k keys of largest f all have s >= f - Delta >=
+// f_k - Delta, so the k-th largest s is >= f_k - Delta; a key of S_i scores at least the
+// k-th largest s, so its f >= s - Delta >= f_k - 2 Delta >= t_i: every key of S_i is a
+// candidate, and S_i, the top k of all keys under a total order, is the top k of any
+// superset of itself. The scores compared are attention_dot's, so ties fall as in the
+// reference. A row whose norms could overflow fp32 (or are not finite) rescores all its
+// keys. The candidates are the k best plus the keys whose fast score lies within 2 Delta of
+// f_k (counted in TopkStats::scores_rescored); rows with i + 1 <= k take all keys.
+//
+// The assumptions: OpenBLAS's sgemm computes each entry as an fp32 sum of fp32 products or
+// fmas (its kernels do; none uses a lower precision), and the process keeps IEEE gradual
+// underflow for inputs (no denormals-are-zero; flushed results are covered).
 //
 // This is the definition the other indexes are held to: block equals it bit for bit, and
 // the CUDA kernel (kernels/cuda/topk_index.cuh) gives the same lists.
 #pragma once
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "kernels/cpu/topk_panel.h"
@@ -22,8 +56,9 @@
 
 namespace knngpt::cpu {
 
-inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
-                              TopkStats* stats = nullptr) {
+// The reference: every causal score with attention_dot, a selector per row.
+inline void causal_topk_brute_reference(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                                        TopkStats* stats = nullptr) {
     topk_check_shapes(B, T, C, NH, k);
     const int HS = C / NH;
     const size_t C3 = 3 * (size_t)C;
@@ -72,6 +107,208 @@ inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, i
         }
     }
     if (stats) stats->scores_computed += scores_computed;
+}
+
+// ----------------------------------------------------------------------------
+// the sgemm search and its rounding bound
+
+// an upper bound on ||x||_2: squares of floats are exact in double and cannot over- or
+// underflow there; the factor covers the HS - 1 double additions and the sqrt
+inline double topk_norm_up(const float* x, int HS) {
+    double sum = 0.0;
+    for (int d = 0; d < HS; d++) sum += (double)x[d] * x[d];
+    return std::sqrt(sum) * (1.0 + (HS + 2) * 0x1p-52);
+}
+
+// the largest float <= x
+inline float topk_round_down(double x) {
+    const float f = (float)x;
+    return (double)f <= x ? f : std::nextafter(f, -INFINITY);
+}
+
+// Delta for a row with ||q|| <= qn and every causal ||k_j|| <= kn, and whether the row may
+// use the fast scores at all. The bound is 2 gamma_HS qn kn (both dots' rounding) plus, where
+// products or partial sums are subnormal, at most 2^-126 of absolute error per operation
+// (even with results flushed to zero), below 4 HS 2^-126 for the two dots once carried
+// through the later operations: 2^-100 covers it with room to spare for HS <= 2^20. The double arithmetic here and in topk_brute_threshold rounds a few times by
+// at most 2^-53 relative, below 2^-51 qn kn in all (|f_k| <= qn kn (1 + gamma_HS)); the
+// 2^-20 of slack adds at least 2^-43 qn kn to Delta, which covers it. A row whose qn kn
+// could overflow fp32 in either sum, or is not finite, rescores all keys (fast_ok false).
+struct TopkBruteMargin {
+    double delta;
+    bool fast_ok;
+};
+inline TopkBruteMargin topk_brute_margin(double qn, double kn, int HS) {
+    const double nu = HS * 0x1p-24;
+    const double gamma = nu / (1.0 - nu);
+    const double qk = qn * kn;
+    const bool fast_ok = qk * (1.0 + gamma) * 4.0 < (double)FLT_MAX;  // false for inf and NaN too
+    return {2.0 * gamma * qk * (1.0 + 0x1p-20) + 0x1p-100, fast_ok};
+}
+
+// the candidate threshold: an fp32 value <= f_k - 2 Delta, so that f >= t is an exact test
+inline float topk_brute_threshold(float kth_fast, double delta) {
+    return topk_round_down((double)kth_fast - 2.0 * delta);
+}
+
+constexpr int kTopkKeyTile = 512;  // keys per sgemm of the fast search: a (64, 512) tile stays in L2
+
+// One row of the fast search. kept[0..n_kept) holds, in ascending key order, every key
+// whose fast score reached t at its time; t = topk_brute_threshold(kth, delta), kth the k-th
+// largest score among the kept keys at the last prune (-inf before). kth never exceeds
+// the final f_k and only rises, so does t: the keys with f >= the final t are all kept.
+// A prune (when n_kept reaches cap) recomputes kth and t and drops the keys below t; cap
+// is then at least twice what is left, so rows with many ties prune rarely too.
+constexpr int kTopkKeepExtra = 64;  // kept grows by at least this between prunes
+constexpr int kTopkKeepGroup = 32;  // keys per vectorised test against t
+
+struct TopkBruteRow {
+    std::vector<TopkCandidate> kept;
+    std::vector<float> work;  // the scores, for the selection of kth
+    int k = 1, n_kept = 0, cap = 0;
+    float kth = -INFINITY, t = -INFINITY;
+    double delta = 0.0;
+    bool fast_ok = false;
+    explicit TopkBruteRow(int k_) : k(k_) {}
+
+    void start(const TopkBruteMargin& m) {
+        n_kept = 0;
+        set_cap(k + kTopkKeepExtra);
+        kth = t = -INFINITY;
+        delta = m.delta;
+        fast_ok = m.fast_ok;
+    }
+    void set_cap(int c) {
+        cap = c;
+        if (kept.size() < (size_t)cap + kTopkKeepGroup) kept.resize((size_t)cap + kTopkKeepGroup);
+    }
+    // kth = the k-th largest kept score (n_kept >= k), t from it, the keys below t dropped
+    void prune() {
+        work.resize((size_t)n_kept);
+        for (int u = 0; u < n_kept; u++) work[u] = kept[u].score;
+        std::nth_element(work.begin(), work.begin() + (k - 1), work.end(), std::greater<float>());
+        kth = work[k - 1];
+        t = topk_brute_threshold(kth, delta);
+        int m = 0;
+        for (int u = 0; u < n_kept; u++) {
+            kept[m] = kept[u];
+            m += kept[u].score >= t;
+        }
+        n_kept = m;
+        set_cap(std::max(k + kTopkKeepExtra, 2 * n_kept));
+    }
+    // fast scores f[0..n) of keys first_key, first_key + 1, ..: groups of kTopkKeepGroup, a
+    // vectorised count first (most groups have no key reaching t), then a branch-free append
+    void offer(const float* f, int n, int first_key) {
+        for (int s = 0; s < n; s += kTopkKeepGroup) {
+            const int g = std::min(kTopkKeepGroup, n - s);
+            const float tt = t;
+            int reaching = 0;
+            #pragma omp simd reduction(+ : reaching)
+            for (int l = 0; l < g; l++) reaching += f[s + l] >= tt;
+            if (!reaching) continue;
+            TopkCandidate* out = kept.data();
+            int m = n_kept;
+            for (int l = 0; l < g; l++) {
+                out[m] = {f[s + l], first_key + s + l};
+                m += f[s + l] >= tt;
+            }
+            n_kept = m;
+            if (n_kept >= cap) prune();
+        }
+    }
+    // the final t: kept then holds exactly the candidates (the row has > k keys, all offered)
+    void finish() { prune(); }
+};
+
+// The sgemm search (see the header comment); the same lists as causal_topk_brute_reference.
+// Per query block, the fast scores come tile by tile (kTopkKeyTile keys), each tile consumed
+// by the rows while it is in cache; every row keeps the keys reaching its threshold of the
+// moment (TopkBruteRow), and at the end rescores those that reach its final threshold.
+inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                              TopkStats* stats = nullptr) {
+    topk_check_shapes(B, T, C, NH, k);
+    const int HS = C / NH;
+    topk_check(HS <= (1 << 20), "the head size must be <= 2^20");
+    const size_t C3 = 3 * (size_t)C;
+    // kn_max[(b NH + h) T + j]: the largest topk_norm_up(k_j') over keys j' <= j (NaN sticks)
+    std::vector<double> kn_max((size_t)B * NH * T);
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float* k_head = qkv + (size_t)b * T * C3 + C + (size_t)h * HS;
+            double* m = kn_max.data() + ((size_t)b * NH + h) * T;
+            double run = 0.0;
+            for (int j = 0; j < T; j++) {
+                const double n = topk_norm_up(k_head + (size_t)j * C3, HS);
+                if (!(n <= run) && !std::isnan(run)) run = n;
+                m[j] = run;
+            }
+        }
+    const int num_blocks = topk_num_query_blocks(T);
+    long long scores_computed = 0, scores_rescored = 0;
+    #pragma omp parallel reduction(+ : scores_computed, scores_rescored)
+    {
+        // per-thread scratch: a tile of fast scores (block, tile); the rows' states; a row's
+        // candidates, their panel and their exact scores
+        std::vector<float> fast((size_t)kTopkQueryBlock * kTopkKeyTile);
+        std::vector<TopkBruteRow> state((size_t)kTopkQueryBlock, TopkBruteRow(k));
+        std::vector<int> cand;
+        std::vector<float> cand_panel, cand_scores;
+        TopkSelector selector(k);
+        #pragma omp for collapse(3) schedule(dynamic)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int blk = 0; blk < num_blocks; blk++) {
+                    const auto [i0, i1, i_search] = topk_query_rows(idx, b, h, blk, T, NH, k);
+                    if (i_search == i1) continue;
+                    const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+                    const float* k_head = q_head + C;
+                    const double* kn = kn_max.data() + ((size_t)b * NH + h) * T;
+                    for (int i = i_search; i < i1; i++)
+                        state[i - i_search].start(topk_brute_margin(topk_norm_up(q_head + (size_t)i * C3, HS), kn[i], HS));
+                    // key tiles [j0, j1) against the rows that see some of them, i >= j0
+                    for (int j0 = 0; j0 < i1; j0 += kTopkKeyTile) {
+                        const int j1 = std::min(j0 + kTopkKeyTile, i1), r0 = std::max(i_search, j0);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - r0, j1 - j0, HS, 1.0f,
+                                    q_head + (size_t)r0 * C3, (int)C3, k_head + (size_t)j0 * C3, (int)C3, 0.0f,
+                                    fast.data(), kTopkKeyTile);
+                        for (int i = r0; i < i1; i++) {
+                            TopkBruteRow& row = state[i - i_search];
+                            if (row.fast_ok)
+                                row.offer(fast.data() + (size_t)(i - r0) * kTopkKeyTile, std::min(i + 1, j1) - j0, j0);
+                        }
+                    }
+                    for (int i = i_search; i < i1; i++) {
+                        TopkBruteRow& row = state[i - i_search];
+                        const float* q = q_head + (size_t)i * C3;
+                        cand.clear();
+                        if (row.fast_ok) {
+                            row.finish();
+                            for (int u = 0; u < row.n_kept; u++) cand.push_back(row.kept[u].key);
+                        } else {
+                            for (int j = 0; j <= i; j++) cand.push_back(j);
+                        }
+                        // the candidates' exact scores, then the top k of them
+                        const int n = (int)cand.size(), chunks = topk_num_chunks(n);
+                        cand_panel.resize((size_t)chunks * HS * kTopkLanes);
+                        cand_scores.resize((size_t)chunks * kTopkLanes);
+                        topk_pack_chunks(cand_panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * C3; });
+                        topk_score_chunks(cand_scores.data(), q, cand_panel.data(), 0, chunks, HS);
+                        selector.clear();
+                        selector.offer_list(cand_scores.data(), cand.data(), n);
+                        selector.write_sorted(idx + topk_idx_row(b, h, i, T, NH, k));
+                        scores_computed += i + 1;
+                        scores_rescored += n;
+                    }
+                }
+            }
+        }
+    }
+    if (stats) {
+        stats->scores_computed += scores_computed;
+        stats->scores_rescored += scores_rescored;
+    }
 }
 
 }  // namespace knngpt::cpu
