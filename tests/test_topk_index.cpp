@@ -148,6 +148,11 @@ vector<int> run_brute(const vector<float>& qkv, const Shape& s, int k, cpu::Topk
     cpu::causal_topk_brute(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
     return idx;
 }
+vector<int> run_brute_sgemm(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_brute_sgemm(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
+    return idx;
+}
 vector<int> run_brute_reference(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr) {
     vector<int> idx(s.idx_size(k), -7);
     cpu::causal_topk_brute_reference(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
@@ -568,7 +573,7 @@ TEST(TopkBrute, SgemmSearchEqualsTheReferenceBitForBit) {
             const vector<float> qkv = brute_input(kind, s, 1000 + s.T + (unsigned)kind * 7);
             for (int k : {1, 2, 5, 32, s.T - 1, s.T, s.T + 3}) {
                 if (k < 1) continue;
-                ASSERT_EQ(run_brute(qkv, s, k), run_brute_reference(qkv, s, k))
+                ASSERT_EQ(run_brute_sgemm(qkv, s, k), run_brute_reference(qkv, s, k))
                     << brute_input_name(kind) << " B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
                     << " k=" << k;
                 rows_compared += (long long)s.B * s.NH * s.T;
@@ -584,7 +589,7 @@ TEST(TopkBrute, SgemmSearchEqualsTheReferenceOnLongerSequences) {
     for (BruteInput kind : {BruteInput::Gaussian, BruteInput::Interleaved, BruteInput::Integer1, BruteInput::Permuted,
                             BruteInput::UlpApart})
         for (int k : {1, 32})
-            ASSERT_EQ(run_brute(brute_input(kind, s, 77), s, k), run_brute_reference(brute_input(kind, s, 77), s, k))
+            ASSERT_EQ(run_brute_sgemm(brute_input(kind, s, 77), s, k), run_brute_reference(brute_input(kind, s, 77), s, k))
                 << brute_input_name(kind) << " k=" << k;
 }
 
@@ -592,7 +597,7 @@ TEST(TopkBrute, SgemmSearchEqualsTheFullSortOnIntegerScores) {
     // small integers: every fp32 score is exact, so the exact double dot gives the same order
     const Shape s{2, 150, 24, 3};
     const vector<float> qkv = integer_qkv(s, 9, 2);
-    for (int k : {1, 4, 33}) EXPECT_EQ(run_brute(qkv, s, k), reference_topk_exact(qkv, s, k)) << "k=" << k;
+    for (int k : {1, 4, 33}) EXPECT_EQ(run_brute_sgemm(qkv, s, k), reference_topk_exact(qkv, s, k)) << "k=" << k;
 }
 
 TEST(TopkBrute, RescoresAboutKKeysPerRow) {
@@ -602,7 +607,7 @@ TEST(TopkBrute, RescoresAboutKKeysPerRow) {
     const Shape s{2, 600, 128, 2};
     for (int k : {1, 8, 32}) {
         cpu::TopkStats stats;
-        run_brute(brute_input(BruteInput::Gaussian, s, 5), s, k, &stats);
+        run_brute_sgemm(brute_input(BruteInput::Gaussian, s, 5), s, k, &stats);
         const double rows = (double)s.B * s.NH * (s.T - k);
         const double per_row = stats.scores_rescored / rows;
         std::printf("  k=%d: %.3f keys rescored per row (fast scores %lld)\n", k, per_row, stats.scores_computed);
@@ -612,7 +617,7 @@ TEST(TopkBrute, RescoresAboutKKeysPerRow) {
     }
     cpu::TopkStats huge;
     const int k = 4;
-    run_brute(brute_input(BruteInput::Huge, s, 6), s, k, &huge);
+    run_brute_sgemm(brute_input(BruteInput::Huge, s, 6), s, k, &huge);
     EXPECT_EQ(huge.scores_rescored, (long long)brute_scores(s, k));
 }
 
@@ -1039,7 +1044,7 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
-        results[t][0] = run_brute(qkv, s, k, &stats[t][0]);
+        results[t][0] = run_brute_sgemm(qkv, s, k, &stats[t][0]);
         results[t][1] = run_block(qkv, s, k, 32, &stats[t][1]);
         results[t][2] = run_lsh(qkv, s, k, p, &stats[t][2]);
         results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);

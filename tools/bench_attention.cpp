@@ -11,7 +11,8 @@
 // the median of --reps calls; one call at n >= 8K),
 // prints the ratio to exact attention, the mean and max absolute error of the
 // output against exact, the recall of the lsh index against brute force, and
-// the log-log slope of time against n per mode. It writes a CSV.
+// the log-log slope of time against n per mode, and for knn/brute the keys its search
+// rescored per row (topk_brute.h). It writes a CSV.
 //
 // It then reruns the seed paper's forward experiment (1 batch, 10 heads,
 // n = 13000, head size 64, entries uniform in [-10, 10], k = 3) and prints our
@@ -157,6 +158,15 @@ double lsh_recall(const Inputs& in, int k) {
     return total ? (double)hit / total : 1.0;
 }
 
+// Keys the brute index's sgemm search scored again with attention_dot, per searching row
+// (knn/brute runs that search unless OpenBLAS has only its SSE kernels: topk_brute.h).
+double brute_rescored_per_row(const Inputs& in, int k) {
+    std::vector<int> idx((size_t)in.NH * in.T * k);
+    ops::TopkStats stats;
+    ops::causal_topk_brute_sgemm(idx.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k, &stats);
+    return (double)stats.scores_rescored / ((double)in.NH * std::max(in.T - k, 1));
+}
+
 double slope(const std::vector<double>& n, const std::vector<double>& t) {
     // least-squares slope of log t against log n
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
@@ -289,6 +299,9 @@ int main(int argc, char** argv) {
                 printf("%-10s %6d %-24s %10.1f %7.2fx %12.1f %7.2fx %10.2e %9.2e", kind, n, modes[m].name.c_str(),
                        r.fwd_ms, fr, r.fwdbwd_ms, br, r.mean_err, r.max_err);
                 if (r.recall >= 0) printf(" %7.3f", r.recall);
+                if (modes[m].cfg.mode == AttnMode::Knn && modes[m].cfg.index == ops::TopkIndex::Brute)
+                    printf("  (%s, %.1f keys rescored per row)", ops::topk_brute_sgemm_pays() ? "sgemm" : "reference",
+                           brute_rescored_per_row(in, k));
                 printf("\n");
                 fflush(stdout);
                 fprintf(csv, "%s,%d,%s,%.3f,%.3f,%.3f,%.3f,%.3e,%.3e,%.4f\n", kind, n, modes[m].name.c_str(), r.fwd_ms,

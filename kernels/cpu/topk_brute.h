@@ -12,9 +12,10 @@
 // of topk_panel.h, four queries at a time) into a per-thread (block, T) scratch, then a
 // selector per row.
 //
-// causal_topk_brute — the same lists at sgemm speed. Per (b, h) and query block:
-//   fast     f_ij = q_i . k_j for the block's rows and keys 0..(its last query): one
-//            cblas_sgemm, tiled as attention_forward tiles it, summed in OpenBLAS's order;
+// causal_topk_brute_sgemm — the same lists at sgemm speed. Per (b, h) and query block:
+//   fast     f_ij = q_i . k_j for the block's rows against keys 0..(its last query), in
+//            tiles of kTopkKeyTile keys: one cblas_sgemm each (OpenBLAS's summation order),
+//            which the rows consume while it is in cache;
 //   bound    |f_ij - s_ij| <= Delta_i for every causal j, s_ij = attention_dot(q_i, k_j):
 //            both are fp32 sums of the HS products, each within gamma_HS sum_d |q_d k_d| of
 //            the real dot (any order, with or without fma; gamma_n = n u / (1 - n u),
@@ -22,7 +23,9 @@
 //            Delta_i = 2 gamma_HS ||q_i|| max_{j<=i} ||k_j|| plus an underflow term, in
 //            double with upward slack (topk_brute_margin);
 //   cut      f_k = the k-th largest f_ij over j <= i; the candidates are the keys j <= i
-//            with f_ij >= t_i, an fp32 value <= f_k - 2 Delta_i;
+//            with f_ij >= t_i, an fp32 value <= f_k - 2 Delta_i. Over the tiles a row keeps
+//            the keys reaching the threshold of its k-th best so far (a lower one, so a
+//            superset), pruned now and then (TopkBruteRow); at the end exactly these;
 //   rescore  the candidates with attention_dot (a panel of just them, topk_panel.h), and
 //            the top k of them by (score desc, j asc).
 // Why that is the reference's list: the k keys of largest f all have s >= f - Delta >=
@@ -33,6 +36,9 @@
 // reference. A row whose norms could overflow fp32 (or are not finite) rescores all its
 // keys. The candidates are the k best plus the keys whose fast score lies within 2 Delta of
 // f_k (counted in TopkStats::scores_rescored); rows with i + 1 <= k take all keys.
+//
+// causal_topk_brute runs the sgemm search, or the reference where OpenBLAS has only its
+// SSE kernels, which are slower than the panels (topk_brute_sgemm_pays).
 //
 // The assumptions: OpenBLAS's sgemm computes each entry as an fp32 sum of fp32 products or
 // fmas (its kernels do; none uses a lower precision), and the process keeps IEEE gradual
@@ -48,11 +54,16 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <strings.h>
 #include <functional>
 #include <vector>
 
 #include "kernels/cpu/topk_panel.h"
 #include "kernels/cpu/topk_select.h"
+
+// OpenBLAS names the kernels it chose; weak, so that another BLAS links too (topk_brute_sgemm_pays)
+extern "C" char* openblas_get_corename(void) __attribute__((weak));
 
 namespace knngpt::cpu {
 
@@ -225,8 +236,8 @@ struct TopkBruteRow {
 // Per query block, the fast scores come tile by tile (kTopkKeyTile keys), each tile consumed
 // by the rows while it is in cache; every row keeps the keys reaching its threshold of the
 // moment (TopkBruteRow), and at the end rescores those that reach its final threshold.
-inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
-                              TopkStats* stats = nullptr) {
+inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                                    TopkStats* stats = nullptr) {
     topk_check_shapes(B, T, C, NH, k);
     const int HS = C / NH;
     topk_check(HS <= (1 << 20), "the head size must be <= 2^20");
@@ -309,6 +320,35 @@ inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, i
         stats->scores_computed += scores_computed;
         stats->scores_rescored += scores_rescored;
     }
+}
+
+// Whether the sgemm search pays here: not where OpenBLAS runs one of its SSE-only kernel
+// sets (Prescott, what its DYNAMIC_ARCH build picks on a CPU it does not recognise, and
+// older ones), whose sgemm is slower than the 8-lane AVX/FMA panels of the reference. Any
+// other BLAS, or OpenBLAS with AVX2 or AVX-512 kernels: yes. OPENBLAS_CORETYPE changes it.
+inline bool topk_brute_sgemm_pays() {
+    static const bool pays = [] {
+        if (!openblas_get_corename) return true;  // not OpenBLAS
+        const char* core = openblas_get_corename();
+        if (!core) return true;
+        static const char* const sse_only[] = {"prescott", "core2",   "penryn",  "dunnington", "nehalem", "atom",
+                                               "opteron",  "opteron_sse3", "barcelona", "bobcat", "nano",
+                                               "katmai",   "coppermine",   "northwood", "banias", "athlon"};
+        for (const char* name : sse_only)
+            if (strcasecmp(core, name) == 0) return false;
+        return true;
+    }();
+    return pays;
+}
+
+// The exact causal top-k: the sgemm search where it pays, else the reference (the same
+// lists either way; only TopkStats::scores_rescored, which the reference leaves at 0, differs)
+inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                              TopkStats* stats = nullptr) {
+    if (topk_brute_sgemm_pays())
+        causal_topk_brute_sgemm(idx, qkv, B, T, C, NH, k, stats);
+    else
+        causal_topk_brute_reference(idx, qkv, B, T, C, NH, k, stats);
 }
 
 }  // namespace knngpt::cpu
