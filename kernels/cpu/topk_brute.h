@@ -12,7 +12,8 @@
 // of topk_panel.h, four queries at a time) into a per-thread (block, T) scratch, then a
 // selector per row.
 //
-// causal_topk_brute_sgemm — the same lists at sgemm speed. Per (b, h) and query block:
+// causal_topk_brute_sgemm — the same lists at sgemm speed. Per (b, h) and block of
+// kTopkBruteQueryBlock queries:
 //   fast     f_ij = q_i . k_j for the block's rows against keys 0..(its last query), in
 //            tiles of kTopkKeyTile keys: one cblas_sgemm each (OpenBLAS's summation order),
 //            which the rows consume while it is in cache;
@@ -54,6 +55,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <strings.h>
 #include <functional>
@@ -162,7 +164,44 @@ inline float topk_brute_threshold(float kth_fast, double delta) {
     return topk_round_down((double)kth_fast - 2.0 * delta);
 }
 
-constexpr int kTopkKeyTile = 512;  // keys per sgemm of the fast search: a (64, 512) tile stays in L2
+constexpr int kTopkBruteQueryBlock = 128;  // queries per work item of the fast search
+constexpr int kTopkKeyTile = 512;          // keys per sgemm: a (128, 512) tile of scores stays in L2
+
+// An int32 ordered as the floats are (-0 just below +0): the bits, the magnitude bits
+// flipped for negatives. topk_order_float inverts it.
+inline int32_t topk_order_key(float x) {
+    int32_t i;
+    std::memcpy(&i, &x, sizeof i);
+    return i < 0 ? i ^ 0x7fffffff : i;
+}
+inline float topk_order_float(int32_t key) {
+    const int32_t i = key < 0 ? key ^ 0x7fffffff : key;
+    float x;
+    std::memcpy(&x, &i, sizeof x);
+    return x;
+}
+
+// The k-th largest of key[0..n) (1 <= k <= n): the largest v with at least k keys >= v,
+// by bisection over the int32 range, each step a vectorised count (no data-dependent
+// branches, unlike a quickselect on ~100 values).
+inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k) {
+    int32_t lo = key[0], hi = key[0];
+    for (int u = 1; u < n; u++) {
+        lo = std::min(lo, key[u]);
+        hi = std::max(hi, key[u]);
+    }
+    while (lo < hi) {  // invariant: at least k keys >= lo, fewer than k keys > hi
+        const int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
+        int count = 0;
+        #pragma omp simd reduction(+ : count)
+        for (int u = 0; u < n; u++) count += key[u] >= mid;
+        if (count >= k)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
 
 // One row of the fast search. kept[0..n_kept) holds, in ascending key order, every key
 // whose fast score reached t at its time; t = topk_brute_threshold(kth, delta), kth the k-th
@@ -175,7 +214,8 @@ constexpr int kTopkKeepGroup = 32;  // keys per vectorised test against t
 
 struct TopkBruteRow {
     std::vector<TopkCandidate> kept;
-    std::vector<float> work;  // the scores, for the selection of kth
+    std::vector<int32_t> work;  // the scores' order keys, for the selection of kth
+    std::vector<int> cand;    // the candidates' keys, after finish
     int k = 1, n_kept = 0, cap = 0;
     float kth = -INFINITY, t = -INFINITY;
     double delta = 0.0;
@@ -196,9 +236,8 @@ struct TopkBruteRow {
     // kth = the k-th largest kept score (n_kept >= k), t from it, the keys below t dropped
     void prune() {
         work.resize((size_t)n_kept);
-        for (int u = 0; u < n_kept; u++) work[u] = kept[u].score;
-        std::nth_element(work.begin(), work.begin() + (k - 1), work.end(), std::greater<float>());
-        kth = work[k - 1];
+        for (int u = 0; u < n_kept; u++) work[u] = topk_order_key(kept[u].score);
+        kth = topk_order_float(topk_kth_largest_key(work.data(), n_kept, k));
         t = topk_brute_threshold(kth, delta);
         int m = 0;
         for (int u = 0; u < n_kept; u++) {
@@ -209,27 +248,46 @@ struct TopkBruteRow {
         set_cap(std::max(k + kTopkKeepExtra, 2 * n_kept));
     }
     // fast scores f[0..n) of keys first_key, first_key + 1, ..: groups of kTopkKeepGroup, a
-    // vectorised count first (most groups have no key reaching t), then a branch-free append
+    // vectorised count first (most groups have no key reaching t); in a group that has
+    // some, a branch-free append of each eight that has some
     void offer(const float* f, int n, int first_key) {
-        for (int s = 0; s < n; s += kTopkKeepGroup) {
-            const int g = std::min(kTopkKeepGroup, n - s);
+        constexpr int G = kTopkKeepGroup;
+        int s = 0;
+        for (; s + G <= n; s += G) {
             const float tt = t;
             int reaching = 0;
             #pragma omp simd reduction(+ : reaching)
-            for (int l = 0; l < g; l++) reaching += f[s + l] >= tt;
+            for (int l = 0; l < G; l++) reaching += f[s + l] >= tt;
             if (!reaching) continue;
-            TopkCandidate* out = kept.data();
-            int m = n_kept;
-            for (int l = 0; l < g; l++) {
-                out[m] = {f[s + l], first_key + s + l};
-                m += f[s + l] >= tt;
+            for (int s8 = s; s8 < s + G; s8 += kTopkLanes) {
+                int reaching8 = 0;
+                for (int l = 0; l < kTopkLanes; l++) reaching8 += f[s8 + l] >= tt;
+                if (reaching8) append(f + s8, kTopkLanes, first_key + s8, tt);
             }
-            n_kept = m;
+            if (n_kept >= cap) prune();
+        }
+        if (s < n) {
+            append(f + s, n - s, first_key + s, t);
             if (n_kept >= cap) prune();
         }
     }
-    // the final t: kept then holds exactly the candidates (the row has > k keys, all offered)
-    void finish() { prune(); }
+    // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= tt onto kept, branch-free
+    void append(const float* f, int g, int first_key, float tt) {
+        TopkCandidate* out = kept.data();
+        int m = n_kept;
+        for (int l = 0; l < g; l++) {
+            out[m] = {f[l], first_key + l};
+            m += f[l] >= tt;
+        }
+        n_kept = m;
+    }
+    // the final t: kept then holds exactly the candidates (the row has > k keys, all
+    // offered), whose keys go to cand[0..n_kept)
+    void finish() {
+        prune();
+        cand.resize((size_t)n_kept);
+        for (int u = 0; u < n_kept; u++) cand[u] = kept[u].key;
+    }
 };
 
 // The sgemm search (see the header comment); the same lists as causal_topk_brute_reference.
@@ -242,39 +300,47 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
     const int HS = C / NH;
     topk_check(HS <= (1 << 20), "the head size must be <= 2^20");
     const size_t C3 = 3 * (size_t)C;
-    // kn_max[(b NH + h) T + j]: the largest topk_norm_up(k_j') over keys j' <= j (NaN sticks)
+    // per head: its keys, contiguous (T, HS), and kn_max[j] = the largest topk_norm_up(k_j')
+    // over keys j' <= j (a NaN sticks)
+    std::vector<float> keys((size_t)B * NH * T * HS);
     std::vector<double> kn_max((size_t)B * NH * T);
     #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
-            const float* k_head = qkv + (size_t)b * T * C3 + C + (size_t)h * HS;
+            const float* k_src = qkv + (size_t)b * T * C3 + C + (size_t)h * HS;
+            float* k_dst = keys.data() + ((size_t)b * NH + h) * T * HS;
             double* m = kn_max.data() + ((size_t)b * NH + h) * T;
             double run = 0.0;
             for (int j = 0; j < T; j++) {
-                const double n = topk_norm_up(k_head + (size_t)j * C3, HS);
+                std::copy(k_src + (size_t)j * C3, k_src + (size_t)j * C3 + HS, k_dst + (size_t)j * HS);
+                const double n = topk_norm_up(k_src + (size_t)j * C3, HS);
                 if (!(n <= run) && !std::isnan(run)) run = n;
                 m[j] = run;
             }
         }
-    const int num_blocks = topk_num_query_blocks(T);
+    const int QB = kTopkBruteQueryBlock;
+    const int num_blocks = (T + QB - 1) / QB;
     long long scores_computed = 0, scores_rescored = 0;
     #pragma omp parallel reduction(+ : scores_computed, scores_rescored)
     {
         // per-thread scratch: a tile of fast scores (block, tile); the rows' states; a row's
-        // candidates, their panel and their exact scores
-        std::vector<float> fast((size_t)kTopkQueryBlock * kTopkKeyTile);
-        std::vector<TopkBruteRow> state((size_t)kTopkQueryBlock, TopkBruteRow(k));
-        std::vector<int> cand;
+        // candidate panel and their exact scores
+        std::vector<float> fast((size_t)QB * kTopkKeyTile);
+        std::vector<TopkBruteRow> state((size_t)QB, TopkBruteRow(k));
+        std::vector<int> all_keys;
         std::vector<float> cand_panel, cand_scores;
         TopkSelector selector(k);
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
                 for (int blk = 0; blk < num_blocks; blk++) {
-                    const auto [i0, i1, i_search] = topk_query_rows(idx, b, h, blk, T, NH, k);
+                    // rows [i0, i1), the last block first (it sees the most keys); rows i < k take all keys
+                    const int i0 = (num_blocks - 1 - blk) * QB, i1 = std::min(i0 + QB, T);
+                    const int i_search = std::max(i0, std::min(k, i1));
+                    for (int i = i0; i < i_search; i++) topk_write_all_keys(idx + topk_idx_row(b, h, i, T, NH, k), i, k);
                     if (i_search == i1) continue;
                     const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-                    const float* k_head = q_head + C;
+                    const float* k_head = keys.data() + ((size_t)b * NH + h) * T * HS;
                     const double* kn = kn_max.data() + ((size_t)b * NH + h) * T;
                     for (int i = i_search; i < i1; i++)
                         state[i - i_search].start(topk_brute_margin(topk_norm_up(q_head + (size_t)i * C3, HS), kn[i], HS));
@@ -282,7 +348,7 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                     for (int j0 = 0; j0 < i1; j0 += kTopkKeyTile) {
                         const int j1 = std::min(j0 + kTopkKeyTile, i1), r0 = std::max(i_search, j0);
                         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - r0, j1 - j0, HS, 1.0f,
-                                    q_head + (size_t)r0 * C3, (int)C3, k_head + (size_t)j0 * C3, (int)C3, 0.0f,
+                                    q_head + (size_t)r0 * C3, (int)C3, k_head + (size_t)j0 * HS, HS, 0.0f,
                                     fast.data(), kTopkKeyTile);
                         for (int i = r0; i < i1; i++) {
                             TopkBruteRow& row = state[i - i_search];
@@ -290,24 +356,36 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                                 row.offer(fast.data() + (size_t)(i - r0) * kTopkKeyTile, std::min(i + 1, j1) - j0, j0);
                         }
                     }
-                    for (int i = i_search; i < i1; i++) {
+                    // the candidates: the kept keys, or every key where the bound does not apply
+                    auto candidates = [&](int i, const int*& list) {
                         TopkBruteRow& row = state[i - i_search];
-                        const float* q = q_head + (size_t)i * C3;
-                        cand.clear();
                         if (row.fast_ok) {
-                            row.finish();
-                            for (int u = 0; u < row.n_kept; u++) cand.push_back(row.kept[u].key);
-                        } else {
-                            for (int j = 0; j <= i; j++) cand.push_back(j);
+                            list = row.cand.data();
+                            return row.n_kept;
                         }
+                        all_keys.resize((size_t)i + 1);
+                        for (int j = 0; j <= i; j++) all_keys[j] = j;
+                        list = all_keys.data();
+                        return i + 1;
+                    };
+                    for (int i = i_search; i < i1; i++)
+                        if (state[i - i_search].fast_ok) state[i - i_search].finish();
+                    for (int i = i_search; i < i1; i++) {
+                        // the next row's candidate keys are scattered over the head: fetch them early
+                        if (i + 1 < i1 && state[i + 1 - i_search].fast_ok) {
+                            const TopkBruteRow& next = state[i + 1 - i_search];
+                            for (int u = 0; u < next.n_kept; u++)
+                                for (int d = 0; d < HS; d += 16) __builtin_prefetch(k_head + (size_t)next.cand[u] * HS + d);
+                        }
+                        const int* cand = nullptr;
+                        const int n = candidates(i, cand), chunks = topk_num_chunks(n);
                         // the candidates' exact scores, then the top k of them
-                        const int n = (int)cand.size(), chunks = topk_num_chunks(n);
                         cand_panel.resize((size_t)chunks * HS * kTopkLanes);
                         cand_scores.resize((size_t)chunks * kTopkLanes);
-                        topk_pack_chunks(cand_panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * C3; });
-                        topk_score_chunks(cand_scores.data(), q, cand_panel.data(), 0, chunks, HS);
+                        topk_pack_chunks(cand_panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * HS; });
+                        topk_score_chunks(cand_scores.data(), q_head + (size_t)i * C3, cand_panel.data(), 0, chunks, HS);
                         selector.clear();
-                        selector.offer_list(cand_scores.data(), cand.data(), n);
+                        selector.offer_list(cand_scores.data(), cand, n);
                         selector.write_sorted(idx + topk_idx_row(b, h, i, T, NH, k));
                         scores_computed += i + 1;
                         scores_rescored += n;
