@@ -299,9 +299,12 @@ int main(int argc, char** argv) {
                 printf("%-10s %6d %-24s %10.1f %7.2fx %12.1f %7.2fx %10.2e %9.2e", kind, n, modes[m].name.c_str(),
                        r.fwd_ms, fr, r.fwdbwd_ms, br, r.mean_err, r.max_err);
                 if (r.recall >= 0) printf(" %7.3f", r.recall);
-                if (modes[m].cfg.mode == AttnMode::Knn && modes[m].cfg.index == ops::TopkIndex::Brute)
-                    printf("  (%s, %.1f keys rescored per row)", ops::topk_brute_sgemm_pays() ? "sgemm" : "reference",
-                           brute_rescored_per_row(in, k));
+                if (modes[m].cfg.mode == AttnMode::Knn && modes[m].cfg.index == ops::TopkIndex::Brute) {
+                    if (ops::topk_brute_sgemm_pays())
+                        printf("  (sgemm search, %.1f keys rescored per row)", brute_rescored_per_row(in, k));
+                    else
+                        printf("  (reference search: OpenBLAS has only SSE kernels)");
+                }
                 printf("\n");
                 fflush(stdout);
                 fprintf(csv, "%s,%d,%s,%.3f,%.3f,%.3f,%.3f,%.3e,%.3e,%.4f\n", kind, n, modes[m].name.c_str(), r.fwd_ms,
