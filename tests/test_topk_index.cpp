@@ -150,6 +150,16 @@ vector<int> run_brute(const vector<float>& qkv, const Shape& s, int k, cpu::Topk
     cpu::causal_topk_brute(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
     return idx;
 }
+vector<int> run_brute_sgemm(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_brute_sgemm(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
+    return idx;
+}
+vector<int> run_brute_reference(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_brute_reference(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
+    return idx;
+}
 vector<int> run_block(const vector<float>& qkv, const Shape& s, int k, int block_size,
                       cpu::TopkStats* stats = nullptr) {
     vector<int> idx(s.idx_size(k), -7);
@@ -451,6 +461,180 @@ TEST(TopkBrute, CountsTheCausalScoresOfSearchingRows) {
     long long per_head = 0;
     for (int i = k; i < s.T; i++) per_head += i + 1;
     EXPECT_EQ(stats.scores_computed, 2 * s.B * s.NH * per_head);
+}
+
+// ---------------------------------------------------------------------------
+// brute: the sgemm search (fast scores, a rounding bound, candidates rescored with
+// attention_dot) against the reference that scores every key with attention_dot
+
+// Inputs meant to break the candidate rule if its bound were too tight: every kind of tie,
+// near-tie and scale. The v channels are left uniform.
+enum class BruteInput {
+    Gaussian,     // N(0, 1)
+    Uniform,      // [-1, 1]
+    Clustered,    // runs of positions around 5 Gaussian means (clustered_qkv)
+    Interleaved,  // 8 centres of norm 3, drawn per position (sphere_mixture_qkv)
+    Integer1,     // entries in {-1, 0, 1}: exact integer scores, ties everywhere
+    Integer3,     // entries in {-3..3}
+    Duplicates,   // 3 key vectors and 3 query vectors, repeated at random positions
+    UlpApart,     // one key vector, each key with a few coordinates moved by 1 or 2 ulps
+    Permuted,     // keys: permutations of one vector; queries: constant vectors, so every
+                  // real score ties and only the fp32 summation order separates them
+    Large,        // N(0, 1e3^2)
+    Tiny,         // N(0, 1e-3^2)
+    Subnormal,    // N(0, 1e-22^2): every product is subnormal or zero
+    ZeroQueries,  // half the queries exactly zero (every score 0), keys Gaussian
+    Huge,         // N(0, 1e19^2): norms that could overflow fp32, rows fall back to rescoring all
+};
+constexpr BruteInput kBruteInputs[] = {BruteInput::Gaussian,  BruteInput::Uniform,     BruteInput::Clustered,
+                                       BruteInput::Interleaved, BruteInput::Integer1,  BruteInput::Integer3,
+                                       BruteInput::Duplicates,  BruteInput::UlpApart,  BruteInput::Permuted,
+                                       BruteInput::Large,       BruteInput::Tiny,      BruteInput::Subnormal,
+                                       BruteInput::ZeroQueries, BruteInput::Huge};
+
+vector<float> brute_input(BruteInput kind, const Shape& s, unsigned seed) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    const int HS = s.HS();
+    auto gaussian = [&](float scale) {
+        vector<float> qkv = uniform_qkv(s, seed);
+        for (int b = 0; b < s.B; b++)
+            for (int i = 0; i < s.T; i++)
+                for (int c = 0; c < 2 * s.C; c++) qkv[((size_t)b * s.T + i) * 3 * s.C + c] = scale * normal(gen);
+        return qkv;
+    };
+    // key and query of (b, h, i) set from two vectors
+    auto set_qk = [&](vector<float>& qkv, int b, int h, int i, const float* q, const float* key) {
+        float* dst = query_of(qkv, s, b, h, i);
+        std::copy(q, q + HS, dst);
+        std::copy(key, key + HS, dst + s.C);
+    };
+    switch (kind) {
+        case BruteInput::Gaussian: return gaussian(1.0f);
+        case BruteInput::Uniform: return uniform_qkv(s, seed);
+        case BruteInput::Clustered: return clustered_qkv(s, seed, 5, 10, 40);
+        case BruteInput::Interleaved: return sphere_mixture_qkv(s, seed, 8, 3.0f, 0.3f);
+        case BruteInput::Integer1: return integer_qkv(s, seed, 1);
+        case BruteInput::Integer3: return integer_qkv(s, seed, 3);
+        case BruteInput::Large: return gaussian(1e3f);
+        case BruteInput::Tiny: return gaussian(1e-3f);
+        case BruteInput::Subnormal: return gaussian(1e-22f);
+        case BruteInput::Huge: return gaussian(1e19f);
+        case BruteInput::Duplicates: {
+            vector<float> qkv = uniform_qkv(s, seed), pool(6 * (size_t)HS);
+            for (auto& x : pool) x = normal(gen);
+            for (int b = 0; b < s.B; b++)
+                for (int h = 0; h < s.NH; h++)
+                    for (int i = 0; i < s.T; i++)
+                        set_qk(qkv, b, h, i, pool.data() + (size_t)(gen() % 3) * HS,
+                               pool.data() + (size_t)(3 + gen() % 3) * HS);
+            return qkv;
+        }
+        case BruteInput::UlpApart: {
+            vector<float> qkv = gaussian(1.0f), base(HS), key(HS);
+            for (auto& x : base) x = normal(gen);
+            for (int b = 0; b < s.B; b++)
+                for (int h = 0; h < s.NH; h++)
+                    for (int i = 0; i < s.T; i++) {
+                        key = base;
+                        for (int moves = 0; moves < 3; moves++) {
+                            float& x = key[gen() % HS];
+                            const int steps = (int)(gen() % 5) - 2;  // -2..2 ulps
+                            for (int u = 0; u < std::abs(steps); u++) x = std::nextafter(x, steps > 0 ? INFINITY : -INFINITY);
+                        }
+                        std::copy(key.begin(), key.end(), query_of(qkv, s, b, h, i) + s.C);
+                    }
+            return qkv;
+        }
+        case BruteInput::Permuted: {
+            vector<float> qkv = uniform_qkv(s, seed), base(HS), key(HS), q(HS);
+            for (auto& x : base) x = normal(gen);
+            for (int b = 0; b < s.B; b++)
+                for (int h = 0; h < s.NH; h++)
+                    for (int i = 0; i < s.T; i++) {
+                        key = base;
+                        std::shuffle(key.begin(), key.end(), gen);
+                        std::fill(q.begin(), q.end(), normal(gen));
+                        set_qk(qkv, b, h, i, q.data(), key.data());
+                    }
+            return qkv;
+        }
+        case BruteInput::ZeroQueries: {
+            vector<float> qkv = gaussian(1.0f);
+            for (int b = 0; b < s.B; b++)
+                for (int h = 0; h < s.NH; h++)
+                    for (int i = 0; i < s.T; i++)
+                        if (gen() % 2) std::fill(query_of(qkv, s, b, h, i), query_of(qkv, s, b, h, i) + HS, 0.0f);
+            return qkv;
+        }
+    }
+    return {};
+}
+
+const char* brute_input_name(BruteInput kind) {
+    static const char* names[] = {"gaussian",   "uniform", "clustered", "interleaved", "integer1",
+                                  "integer3",   "duplicates", "ulp-apart", "permuted",   "large",
+                                  "tiny",       "subnormal", "zero-queries", "huge"};
+    return names[(int)kind];
+}
+
+TEST(TopkBrute, SgemmSearchEqualsTheReferenceBitForBit) {
+    // T = 1..5, T not a multiple of the query block (64), several B and NH; HS = 1, 7, 64, 130
+    const Shape shapes[] = {{1, 1, 4, 1},   {1, 2, 7, 1},    {2, 3, 7, 1},     {1, 4, 1, 1},  {1, 5, 130, 1},
+                            {3, 65, 3, 3},  {2, 70, 14, 2},  {1, 130, 64, 1},  {2, 129, 128, 2}, {1, 200, 130, 1},
+                            {1, 64, 64, 1}, {2, 97, 21, 3}};
+    long long rows_compared = 0;
+    for (BruteInput kind : kBruteInputs) {
+        for (const Shape& s : shapes) {
+            const vector<float> qkv = brute_input(kind, s, 1000 + s.T + (unsigned)kind * 7);
+            for (int k : {1, 2, 5, 32, s.T - 1, s.T, s.T + 3}) {
+                if (k < 1) continue;
+                ASSERT_EQ(run_brute_sgemm(qkv, s, k), run_brute_reference(qkv, s, k))
+                    << brute_input_name(kind) << " B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
+                    << " k=" << k;
+                rows_compared += (long long)s.B * s.NH * s.T;
+            }
+        }
+    }
+    std::printf("  %lld rows compared\n", rows_compared);
+}
+
+TEST(TopkBrute, SgemmSearchEqualsTheReferenceOnLongerSequences) {
+    // several full query blocks, and the bench's head size
+    const Shape s{1, 1000, 128, 2};
+    for (BruteInput kind : {BruteInput::Gaussian, BruteInput::Interleaved, BruteInput::Integer1, BruteInput::Permuted,
+                            BruteInput::UlpApart})
+        for (int k : {1, 32})
+            ASSERT_EQ(run_brute_sgemm(brute_input(kind, s, 77), s, k), run_brute_reference(brute_input(kind, s, 77), s, k))
+                << brute_input_name(kind) << " k=" << k;
+}
+
+TEST(TopkBrute, SgemmSearchEqualsTheFullSortOnIntegerScores) {
+    // small integers: every fp32 score is exact, so the exact double dot gives the same order
+    const Shape s{2, 150, 24, 3};
+    const vector<float> qkv = integer_qkv(s, 9, 2);
+    for (int k : {1, 4, 33}) EXPECT_EQ(run_brute_sgemm(qkv, s, k), reference_topk_exact(qkv, s, k)) << "k=" << k;
+}
+
+TEST(TopkBrute, RescoresAboutKKeysPerRow) {
+    // The candidates are the k best by fast score plus the keys within 2 Delta of the
+    // k-th: on Gaussian keys (HS = 64, Delta ~ 1e-4 against scores spread over ~8) a few
+    // at most. Rows that must fall back (huge norms) rescore every causal key.
+    const Shape s{2, 600, 128, 2};
+    for (int k : {1, 8, 32}) {
+        cpu::TopkStats stats;
+        run_brute_sgemm(brute_input(BruteInput::Gaussian, s, 5), s, k, &stats);
+        const double rows = (double)s.B * s.NH * (s.T - k);
+        const double per_row = stats.scores_rescored / rows;
+        std::printf("  k=%d: %.3f keys rescored per row (fast scores %lld)\n", k, per_row, stats.scores_computed);
+        EXPECT_EQ(stats.scores_computed, (long long)brute_scores(s, k));
+        EXPECT_GE(per_row, k);
+        EXPECT_LE(per_row, k + 1.0);
+    }
+    cpu::TopkStats huge;
+    const int k = 4;
+    run_brute_sgemm(brute_input(BruteInput::Huge, s, 6), s, k, &huge);
+    EXPECT_EQ(huge.scores_rescored, (long long)brute_scores(s, k));
 }
 
 // ---------------------------------------------------------------------------
@@ -974,7 +1158,7 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
-        results[t][0] = run_brute(qkv, s, k, &stats[t][0]);
+        results[t][0] = run_brute_sgemm(qkv, s, k, &stats[t][0]);
         results[t][1] = run_block(qkv, s, k, 32, &stats[t][1]);
         results[t][2] = run_lsh(qkv, s, k, p, &stats[t][2]);
         results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);
@@ -985,5 +1169,6 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
         EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
         EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
         EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;
+        EXPECT_EQ(stats[0][m].scores_rescored, stats[1][m].scores_rescored) << "index " << m;
     }
 }

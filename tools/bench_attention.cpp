@@ -10,15 +10,18 @@
 // it times each mode's forward and forward + backward (one warm-up call, then
 // the median of --reps calls; one call at n >= 8K),
 // prints the ratio to exact attention, the mean and max absolute error of the
-// output against exact, the recall of the lsh and cluster indexes against brute force, and
-// the log-log slope of time against n per mode. It writes a CSV.
+// output against exact, the recall of the lsh and cluster indexes against brute force,
+// the log-log slope of time against n per mode, and for knn/brute the keys its search
+// rescored per row (topk_brute.h). It writes a CSV.
 //
 // It then reruns the seed paper's forward experiment (1 batch, 10 heads,
 // n = 13000, head size 64, entries uniform in [-10, 10], k = 3) and prints our
 // time and mean error beside the paper's laptop figures.
 //
 //   build/bench_attention [--sizes 1024,2048,...] [--heads 1] [--reps 3] [--k 32] [--csv FILE] [--no-paper]
-//                         [--modes knn/brute,knn/cluster,...]   (only these, after exact)
+//                         [--modes knn/brute,knn/cluster,...] [--inputs clustered|uniform]
+// --modes keeps only the named modes (exact always runs: it is what the others are
+// compared with); --inputs keeps one kind of input.
 #include <omp.h>
 
 #include <algorithm>
@@ -155,6 +158,15 @@ double index_recall(const Inputs& in, int k, ops::TopkIndex index) {
     return total ? (double)hit / total : 1.0;
 }
 
+// Keys the brute index's sgemm search scored again with attention_dot, per searching row
+// (knn/brute runs that search unless OpenBLAS has only its SSE kernels: topk_brute.h).
+double brute_rescored_per_row(const Inputs& in, int k) {
+    std::vector<int> idx((size_t)in.NH * in.T * k);
+    ops::TopkStats stats;
+    ops::causal_topk_brute_sgemm(idx.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k, &stats);
+    return (double)stats.scores_rescored / ((double)in.NH * std::max(in.T - k, 1));
+}
+
 double slope(const std::vector<double>& n, const std::vector<double>& t) {
     // least-squares slope of log t against log n
     double sx = 0, sy = 0, sxx = 0, sxy = 0;
@@ -166,6 +178,22 @@ double slope(const std::vector<double>& n, const std::vector<double>& t) {
     }
     if (m < 2) return NAN;
     return (m * sxy - sx * sy) / (m * sxx - sx * sx);
+}
+
+// the comma-separated fields of s
+std::vector<std::string> split_commas(const char* s) {
+    std::vector<std::string> v;
+    std::string cur;
+    for (const char* p = s;; p++) {
+        if (*p == ',' || *p == 0) {
+            if (!cur.empty()) v.push_back(cur);
+            cur.clear();
+            if (!*p) break;
+        } else {
+            cur += *p;
+        }
+    }
+    return v;
 }
 
 std::vector<int> parse_sizes(const char* s) {
@@ -185,7 +213,9 @@ int main(int argc, char** argv) {
     std::vector<int> sizes = {1024, 2048, 4096, 8192, 16384};
     int heads = 1, reps = 3, k = 32;
     bool paper = true;
-    std::string csv_path = "build/bench_attention.csv", only;
+    std::vector<std::string> only_modes;  // empty: every mode
+    std::string only_inputs;              // empty: both kinds
+    std::string csv_path = "build/bench_attention.csv";
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto value = [&](const char* flag) {
@@ -198,8 +228,13 @@ int main(int argc, char** argv) {
         else if (a == "--k") k = atoi(value("--k"));
         else if (a == "--csv") csv_path = value("--csv");
         else if (a == "--no-paper") paper = false;
-        else if (a == "--modes") only = "," + std::string(value("--modes")) + ",";
+        else if (a == "--modes") only_modes = split_commas(value("--modes"));
+        else if (a == "--inputs") only_inputs = value("--inputs");
         else { fprintf(stderr, "bench_attention: unknown flag '%s'\n", a.c_str()); return 1; }
+    }
+    if (!only_inputs.empty() && only_inputs != "clustered" && only_inputs != "uniform") {
+        fprintf(stderr, "bench_attention: --inputs is clustered or uniform\n");
+        return 1;
     }
     if (sizes.empty() || heads < 1 || reps < 1 || k < 1) { fprintf(stderr, "bench_attention: bad arguments\n"); return 1; }
     const int HS = 64;
@@ -222,10 +257,16 @@ int main(int argc, char** argv) {
         mode("exact+sampled-grad", AttnMode::Exact, I::Brute, 0, AttnGrad::Sampled),
         mode("knn/block+sampled-grad", AttnMode::Knn, I::Block, 0, AttnGrad::Sampled),
     };
-    if (!only.empty()) {  // exact stays first: the ratios and errors are against it
-        std::vector<Mode> kept = {modes[0]};
-        for (size_t m = 1; m < modes.size(); m++)
-            if (only.find("," + modes[m].name + ",") != std::string::npos) kept.push_back(modes[m]);
+    if (!only_modes.empty()) {
+        for (const std::string& name : only_modes)
+            if (std::none_of(modes.begin(), modes.end(), [&](const Mode& m) { return m.name == name; })) {
+                fprintf(stderr, "bench_attention: unknown mode '%s'\n", name.c_str());
+                return 1;
+            }
+        std::vector<Mode> kept;
+        for (const Mode& m : modes)
+            if (m.name == "exact" || std::find(only_modes.begin(), only_modes.end(), m.name) != only_modes.end())
+                kept.push_back(m);
         modes = kept;
     }
 
@@ -236,6 +277,7 @@ int main(int argc, char** argv) {
            omp_get_max_threads(), reps);
     for (bool clustered : {true, false}) {
         const char* kind = clustered ? "clustered" : "uniform";
+        if (!only_inputs.empty() && only_inputs != kind) continue;
         std::vector<std::vector<double>> fwd_times(modes.size()), fb_times(modes.size());
         std::vector<double> ns;
         printf("\n%-10s %6s %-24s %10s %8s %12s %8s %10s %9s %7s\n", "input", "n", "mode", "fwd ms", "x exact",
@@ -260,6 +302,12 @@ int main(int argc, char** argv) {
                 printf("%-10s %6d %-24s %10.1f %7.2fx %12.1f %7.2fx %10.2e %9.2e", kind, n, modes[m].name.c_str(),
                        r.fwd_ms, fr, r.fwdbwd_ms, br, r.mean_err, r.max_err);
                 if (r.recall >= 0) printf(" %7.3f", r.recall);
+                if (modes[m].cfg.mode == AttnMode::Knn && modes[m].cfg.index == ops::TopkIndex::Brute) {
+                    if (ops::topk_brute_sgemm_pays())
+                        printf("  (sgemm search, %.1f keys rescored per row)", brute_rescored_per_row(in, k));
+                    else
+                        printf("  (reference search: OpenBLAS has only SSE kernels)");
+                }
                 printf("\n");
                 fflush(stdout);
                 fprintf(csv, "%s,%d,%s,%.3f,%.3f,%.3f,%.3f,%.3e,%.3e,%.4f\n", kind, n, modes[m].name.c_str(), r.fwd_ms,

@@ -4,26 +4,74 @@
 //   S_i = the k keys j in {0, .., i} ranked highest by (attention_dot(q_i, k_j) desc, j asc)
 //
 // Shapes: qkv (B, T, 3C) as in attention.h (q = channels [0, C), k = [C, 2C), head h at
-// h*HS.., HS = C / NH); idx (B, NH, T, k) as in topk_select.h. Per (b, h) and block of
-// kTopkQueryBlock queries, the block's scores against keys 0..(its last query) go into a
-// per-thread (block, T) scratch (never a T x T buffer), four queries at a time over the
-// key panel (topk_panel.h); then a selector per row. O(T^2 HS) per head.
+// h*HS.., HS = C / NH); idx (B, NH, T, k) as in topk_select.h. O(T^2 HS) per head, never
+// a T x T buffer. Two implementations, the same lists bit for bit:
+//
+// causal_topk_brute_reference — the definition, literally: per (b, h) and block of
+// kTopkQueryBlock queries, every causal score with attention_dot (the 8-lane key panels
+// of topk_panel.h, four queries at a time) into a per-thread (block, T) scratch, then a
+// selector per row.
+//
+// causal_topk_brute_sgemm — the same lists at sgemm speed. Per (b, h) and block of
+// kTopkBruteQueryBlock queries:
+//   fast     f_ij = q_i . k_j for the block's rows against keys 0..(its last query), in
+//            tiles of kTopkKeyTile keys: one cblas_sgemm each (OpenBLAS's summation order),
+//            which the rows consume while it is in cache;
+//   bound    |f_ij - s_ij| <= Delta_i for every causal j, s_ij = attention_dot(q_i, k_j):
+//            both are fp32 sums of the HS products, each within gamma_HS sum_d |q_d k_d| of
+//            the real dot (any order, with or without fma; gamma_n = n u / (1 - n u),
+//            u = 2^-24), and sum_d |q_d k_d| <= ||q_i|| ||k_j|| (Cauchy-Schwarz), so
+//            Delta_i = 2 gamma_HS ||q_i|| max_{j<=i} ||k_j|| plus an underflow term, in
+//            double with upward slack (topk_brute_margin);
+//   cut      f_k = the k-th largest f_ij over j <= i; the candidates are the keys j <= i
+//            with f_ij >= t_i, an fp32 value <= f_k - 2 Delta_i. Over the tiles a row keeps
+//            the keys reaching the threshold of its k-th best so far (a lower one, so a
+//            superset), pruned now and then (TopkBruteRow); at the end exactly these;
+//   rescore  the candidates with attention_dot (a panel of just them, topk_panel.h), and
+//            the top k of them by (score desc, j asc).
+// Why that is the reference's list: the k keys of largest f all have s >= f - Delta >=
+// f_k - Delta, so the k-th largest s is >= f_k - Delta; a key of S_i scores at least the
+// k-th largest s, so its f >= s - Delta >= f_k - 2 Delta >= t_i: every key of S_i is a
+// candidate, and S_i, the top k of all keys under a total order, is the top k of any
+// superset of itself. The scores compared are attention_dot's, so ties fall as in the
+// reference. A row whose norms could overflow fp32 (or are not finite) rescores all its
+// keys. The candidates are the k best plus the keys whose fast score lies within 2 Delta of
+// f_k (counted in TopkStats::scores_rescored); rows with i + 1 <= k take all keys.
+//
+// causal_topk_brute runs the sgemm search, or the reference where OpenBLAS has only its
+// SSE kernels, which are slower than the panels (topk_brute_sgemm_pays).
+//
+// The assumptions: OpenBLAS's sgemm computes each entry as an fp32 sum of fp32 products or
+// fmas (its kernels do; none uses a lower precision), and the process keeps IEEE gradual
+// underflow for inputs (no denormals-are-zero; flushed results are covered).
 //
 // This is the definition the other indexes are held to: block equals it bit for bit, and
 // the CUDA kernel (kernels/cuda/topk_index.cuh) gives the same lists.
 #pragma once
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <strings.h>
+#include <functional>
 #include <vector>
 
 #include "kernels/cpu/topk_panel.h"
 #include "kernels/cpu/topk_select.h"
 
+// OpenBLAS names the kernels it chose; weak, so that another BLAS links too (topk_brute_sgemm_pays)
+extern "C" char* openblas_get_corename(void) __attribute__((weak));
+
 namespace knngpt::cpu {
 
-inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
-                              TopkStats* stats = nullptr) {
+// The reference: every causal score with attention_dot, a selector per row.
+inline void causal_topk_brute_reference(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                                        TopkStats* stats = nullptr) {
     topk_check_shapes(B, T, C, NH, k);
     const int HS = C / NH;
     const size_t C3 = 3 * (size_t)C;
@@ -72,6 +120,313 @@ inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, i
         }
     }
     if (stats) stats->scores_computed += scores_computed;
+}
+
+// ----------------------------------------------------------------------------
+// the sgemm search and its rounding bound
+
+// an upper bound on ||x||_2: squares of floats are exact in double and cannot over- or
+// underflow there; the factor covers the HS - 1 double additions and the sqrt
+inline double topk_norm_up(const float* x, int HS) {
+    double sum = 0.0;
+    for (int d = 0; d < HS; d++) sum += (double)x[d] * x[d];
+    return std::sqrt(sum) * (1.0 + (HS + 2) * 0x1p-52);
+}
+
+// the largest float <= x
+inline float topk_round_down(double x) {
+    const float f = (float)x;
+    return (double)f <= x ? f : std::nextafter(f, -INFINITY);
+}
+
+// Delta for a row with ||q|| <= qn and every causal ||k_j|| <= kn, and whether the row may
+// use the fast scores at all. The bound is 2 gamma_HS qn kn (both dots' rounding) plus, where
+// products or partial sums are subnormal, at most 2^-126 of absolute error per operation
+// (even with results flushed to zero), below 4 HS 2^-126 for the two dots once carried
+// through the later operations: 2^-100 covers it with room to spare for HS <= 2^20. The double arithmetic here and in topk_brute_threshold rounds a few times by
+// at most 2^-53 relative, below 2^-51 qn kn in all (|f_k| <= qn kn (1 + gamma_HS)); the
+// 2^-20 of slack adds at least 2^-43 qn kn to Delta, which covers it. A row whose qn kn
+// could overflow fp32 in either sum, or is not finite, rescores all keys (fast_ok false).
+struct TopkBruteMargin {
+    double delta;
+    bool fast_ok;
+};
+inline TopkBruteMargin topk_brute_margin(double qn, double kn, int HS) {
+    const double nu = HS * 0x1p-24;
+    const double gamma = nu / (1.0 - nu);
+    const double qk = qn * kn;
+    const bool fast_ok = qk * (1.0 + gamma) * 4.0 < (double)FLT_MAX;  // false for inf and NaN too
+    return {2.0 * gamma * qk * (1.0 + 0x1p-20) + 0x1p-100, fast_ok};
+}
+
+// the candidate threshold: an fp32 value <= f_k - 2 Delta, so that f >= t is an exact test
+inline float topk_brute_threshold(float kth_fast, double delta) {
+    return topk_round_down((double)kth_fast - 2.0 * delta);
+}
+
+constexpr int kTopkBruteQueryBlock = 128;  // queries per work item of the fast search
+constexpr int kTopkKeyTile = 512;          // keys per sgemm: a (128, 512) tile of scores stays in L2
+
+// An int32 ordered as the floats are (-0 just below +0): the bits, the magnitude bits
+// flipped for negatives. topk_order_float inverts it.
+inline int32_t topk_order_key(float x) {
+    int32_t i;
+    std::memcpy(&i, &x, sizeof i);
+    return i < 0 ? i ^ 0x7fffffff : i;
+}
+inline float topk_order_float(int32_t key) {
+    const int32_t i = key < 0 ? key ^ 0x7fffffff : key;
+    float x;
+    std::memcpy(&x, &i, sizeof x);
+    return x;
+}
+
+// The k-th largest of key[0..n) (1 <= k <= n): the largest v with at least k keys >= v,
+// by bisection over the int32 range, each step a vectorised count (no data-dependent
+// branches, unlike a quickselect on ~100 values).
+inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k) {
+    int32_t lo = key[0], hi = key[0];
+    for (int u = 1; u < n; u++) {
+        lo = std::min(lo, key[u]);
+        hi = std::max(hi, key[u]);
+    }
+    while (lo < hi) {  // invariant: at least k keys >= lo, fewer than k keys > hi
+        const int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
+        int count = 0;
+        #pragma omp simd reduction(+ : count)
+        for (int u = 0; u < n; u++) count += key[u] >= mid;
+        if (count >= k)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+// One row of the fast search. kept[0..n_kept) holds, in ascending key order, every key
+// whose fast score reached t at its time; t = topk_brute_threshold(kth, delta), kth the k-th
+// largest score among the kept keys at the last prune (-inf before). kth never exceeds
+// the final f_k and only rises, so does t: the keys with f >= the final t are all kept.
+// A prune (when n_kept reaches cap) recomputes kth and t and drops the keys below t; cap
+// is then at least twice what is left, so rows with many ties prune rarely too.
+constexpr int kTopkKeepExtra = 64;  // kept grows by at least this between prunes
+constexpr int kTopkKeepGroup = 32;  // keys per vectorised test against t
+
+struct TopkBruteRow {
+    std::vector<TopkCandidate> kept;
+    std::vector<int32_t> work;  // the scores' order keys, for the selection of kth
+    std::vector<int> cand;    // the candidates' keys, after finish
+    int k = 1, n_kept = 0, cap = 0;
+    float kth = -INFINITY, t = -INFINITY;
+    double delta = 0.0;
+    bool fast_ok = false;
+    explicit TopkBruteRow(int k_) : k(k_) {}
+
+    void start(const TopkBruteMargin& m) {
+        n_kept = 0;
+        set_cap(k + kTopkKeepExtra);
+        kth = t = -INFINITY;
+        delta = m.delta;
+        fast_ok = m.fast_ok;
+    }
+    void set_cap(int c) {
+        cap = c;
+        if (kept.size() < (size_t)cap + kTopkKeepGroup) kept.resize((size_t)cap + kTopkKeepGroup);
+    }
+    // kth = the k-th largest kept score (n_kept >= k), t from it, the keys below t dropped
+    void prune() {
+        work.resize((size_t)n_kept);
+        for (int u = 0; u < n_kept; u++) work[u] = topk_order_key(kept[u].score);
+        kth = topk_order_float(topk_kth_largest_key(work.data(), n_kept, k));
+        t = topk_brute_threshold(kth, delta);
+        int m = 0;
+        for (int u = 0; u < n_kept; u++) {
+            kept[m] = kept[u];
+            m += kept[u].score >= t;
+        }
+        n_kept = m;
+        set_cap(std::max(k + kTopkKeepExtra, 2 * n_kept));
+    }
+    // fast scores f[0..n) of keys first_key, first_key + 1, ..: groups of kTopkKeepGroup, a
+    // vectorised count first (most groups have no key reaching t); in a group that has
+    // some, a branch-free append of each eight that has some
+    void offer(const float* f, int n, int first_key) {
+        constexpr int G = kTopkKeepGroup;
+        int s = 0;
+        for (; s + G <= n; s += G) {
+            const float tt = t;
+            int reaching = 0;
+            #pragma omp simd reduction(+ : reaching)
+            for (int l = 0; l < G; l++) reaching += f[s + l] >= tt;
+            if (!reaching) continue;
+            for (int s8 = s; s8 < s + G; s8 += kTopkLanes) {
+                int reaching8 = 0;
+                for (int l = 0; l < kTopkLanes; l++) reaching8 += f[s8 + l] >= tt;
+                if (reaching8) append(f + s8, kTopkLanes, first_key + s8, tt);
+            }
+            if (n_kept >= cap) prune();
+        }
+        if (s < n) {
+            append(f + s, n - s, first_key + s, t);
+            if (n_kept >= cap) prune();
+        }
+    }
+    // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= tt onto kept, branch-free
+    void append(const float* f, int g, int first_key, float tt) {
+        TopkCandidate* out = kept.data();
+        int m = n_kept;
+        for (int l = 0; l < g; l++) {
+            out[m] = {f[l], first_key + l};
+            m += f[l] >= tt;
+        }
+        n_kept = m;
+    }
+    // the final t: kept then holds exactly the candidates (the row has > k keys, all
+    // offered), whose keys go to cand[0..n_kept)
+    void finish() {
+        prune();
+        cand.resize((size_t)n_kept);
+        for (int u = 0; u < n_kept; u++) cand[u] = kept[u].key;
+    }
+};
+
+// The sgemm search (see the header comment); the same lists as causal_topk_brute_reference.
+// Per query block, the fast scores come tile by tile (kTopkKeyTile keys), each tile consumed
+// by the rows while it is in cache; every row keeps the keys reaching its threshold of the
+// moment (TopkBruteRow), and at the end rescores those that reach its final threshold.
+inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                                    TopkStats* stats = nullptr) {
+    topk_check_shapes(B, T, C, NH, k);
+    const int HS = C / NH;
+    topk_check(HS <= (1 << 20), "the head size must be <= 2^20");
+    const size_t C3 = 3 * (size_t)C;
+    // per head: its keys, contiguous (T, HS), and kn_max[j] = the largest topk_norm_up(k_j')
+    // over keys j' <= j (a NaN sticks)
+    std::vector<float> keys((size_t)B * NH * T * HS);
+    std::vector<double> kn_max((size_t)B * NH * T);
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float* k_src = qkv + (size_t)b * T * C3 + C + (size_t)h * HS;
+            float* k_dst = keys.data() + ((size_t)b * NH + h) * T * HS;
+            double* m = kn_max.data() + ((size_t)b * NH + h) * T;
+            double run = 0.0;
+            for (int j = 0; j < T; j++) {
+                std::copy(k_src + (size_t)j * C3, k_src + (size_t)j * C3 + HS, k_dst + (size_t)j * HS);
+                const double n = topk_norm_up(k_src + (size_t)j * C3, HS);
+                if (!(n <= run) && !std::isnan(run)) run = n;
+                m[j] = run;
+            }
+        }
+    const int QB = kTopkBruteQueryBlock;
+    const int num_blocks = (T + QB - 1) / QB;
+    long long scores_computed = 0, scores_rescored = 0;
+    #pragma omp parallel reduction(+ : scores_computed, scores_rescored)
+    {
+        // per-thread scratch: a tile of fast scores (block, tile); the rows' states; a row's
+        // candidate panel and their exact scores
+        std::vector<float> fast((size_t)QB * kTopkKeyTile);
+        std::vector<TopkBruteRow> state((size_t)QB, TopkBruteRow(k));
+        std::vector<int> all_keys;
+        std::vector<float> cand_panel, cand_scores;
+        TopkSelector selector(k);
+        #pragma omp for collapse(3) schedule(dynamic)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                for (int blk = 0; blk < num_blocks; blk++) {
+                    // rows [i0, i1), the last block first (it sees the most keys); rows i < k take all keys
+                    const int i0 = (num_blocks - 1 - blk) * QB, i1 = std::min(i0 + QB, T);
+                    const int i_search = std::max(i0, std::min(k, i1));
+                    for (int i = i0; i < i_search; i++) topk_write_all_keys(idx + topk_idx_row(b, h, i, T, NH, k), i, k);
+                    if (i_search == i1) continue;
+                    const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+                    const float* k_head = keys.data() + ((size_t)b * NH + h) * T * HS;
+                    const double* kn = kn_max.data() + ((size_t)b * NH + h) * T;
+                    for (int i = i_search; i < i1; i++)
+                        state[i - i_search].start(topk_brute_margin(topk_norm_up(q_head + (size_t)i * C3, HS), kn[i], HS));
+                    // key tiles [j0, j1) against the rows that see some of them, i >= j0
+                    for (int j0 = 0; j0 < i1; j0 += kTopkKeyTile) {
+                        const int j1 = std::min(j0 + kTopkKeyTile, i1), r0 = std::max(i_search, j0);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - r0, j1 - j0, HS, 1.0f,
+                                    q_head + (size_t)r0 * C3, (int)C3, k_head + (size_t)j0 * HS, HS, 0.0f,
+                                    fast.data(), kTopkKeyTile);
+                        for (int i = r0; i < i1; i++) {
+                            TopkBruteRow& row = state[i - i_search];
+                            if (row.fast_ok)
+                                row.offer(fast.data() + (size_t)(i - r0) * kTopkKeyTile, std::min(i + 1, j1) - j0, j0);
+                        }
+                    }
+                    // the candidates: the kept keys, or every key where the bound does not apply
+                    auto candidates = [&](int i, const int*& list) {
+                        TopkBruteRow& row = state[i - i_search];
+                        if (row.fast_ok) {
+                            list = row.cand.data();
+                            return row.n_kept;
+                        }
+                        all_keys.resize((size_t)i + 1);
+                        for (int j = 0; j <= i; j++) all_keys[j] = j;
+                        list = all_keys.data();
+                        return i + 1;
+                    };
+                    for (int i = i_search; i < i1; i++)
+                        if (state[i - i_search].fast_ok) state[i - i_search].finish();
+                    for (int i = i_search; i < i1; i++) {
+                        // the next row's candidate keys are scattered over the head: fetch them early
+                        if (i + 1 < i1 && state[i + 1 - i_search].fast_ok) {
+                            const TopkBruteRow& next = state[i + 1 - i_search];
+                            for (int u = 0; u < next.n_kept; u++)
+                                for (int d = 0; d < HS; d += 16) __builtin_prefetch(k_head + (size_t)next.cand[u] * HS + d);
+                        }
+                        const int* cand = nullptr;
+                        const int n = candidates(i, cand), chunks = topk_num_chunks(n);
+                        // the candidates' exact scores, then the top k of them
+                        cand_panel.resize((size_t)chunks * HS * kTopkLanes);
+                        cand_scores.resize((size_t)chunks * kTopkLanes);
+                        topk_pack_chunks(cand_panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * HS; });
+                        topk_score_chunks(cand_scores.data(), q_head + (size_t)i * C3, cand_panel.data(), 0, chunks, HS);
+                        selector.clear();
+                        selector.offer_list(cand_scores.data(), cand, n);
+                        selector.write_sorted(idx + topk_idx_row(b, h, i, T, NH, k));
+                        scores_computed += i + 1;
+                        scores_rescored += n;
+                    }
+                }
+            }
+        }
+    }
+    if (stats) {
+        stats->scores_computed += scores_computed;
+        stats->scores_rescored += scores_rescored;
+    }
+}
+
+// Whether the sgemm search pays here: not where OpenBLAS runs one of its SSE-only kernel
+// sets (Prescott, what its DYNAMIC_ARCH build picks on a CPU it does not recognise, and
+// older ones), whose sgemm is slower than the 8-lane AVX/FMA panels of the reference. Any
+// other BLAS, or OpenBLAS with AVX2 or AVX-512 kernels: yes. OPENBLAS_CORETYPE changes it.
+inline bool topk_brute_sgemm_pays() {
+    static const bool pays = [] {
+        if (!openblas_get_corename) return true;  // not OpenBLAS
+        const char* core = openblas_get_corename();
+        if (!core) return true;
+        static const char* const sse_only[] = {"prescott", "core2",   "penryn",  "dunnington", "nehalem", "atom",
+                                               "opteron",  "opteron_sse3", "barcelona", "bobcat", "nano",
+                                               "katmai",   "coppermine",   "northwood", "banias", "athlon"};
+        for (const char* name : sse_only)
+            if (strcasecmp(core, name) == 0) return false;
+        return true;
+    }();
+    return pays;
+}
+
+// The exact causal top-k: the sgemm search where it pays, else the reference (the same
+// lists either way; only TopkStats::scores_rescored, which the reference leaves at 0, differs)
+inline void causal_topk_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                              TopkStats* stats = nullptr) {
+    if (topk_brute_sgemm_pays())
+        causal_topk_brute_sgemm(idx, qkv, B, T, C, NH, k, stats);
+    else
+        causal_topk_brute_reference(idx, qkv, B, T, C, NH, k, stats);
 }
 
 }  // namespace knngpt::cpu

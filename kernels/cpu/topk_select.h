@@ -13,6 +13,8 @@
 //   stats   TopkStats, accumulated with +=, only over the rows that search (i + 1 > k):
 //             scores_computed  query-key scores evaluated (brute: i + 1 per row; block: the
 //                              keys j <= i of the visited blocks; lsh: the candidates)
+//             scores_rescored  brute only: the candidates scored again with attention_dot
+//                              after its sgemm pass (about k + a few per row; topk_brute.h)
 //             blocks_total     blocks holding a key j <= i, summed over rows (block index only)
 //             blocks_visited   those of them whose keys j <= i were scored (block index only)
 #pragma once
@@ -30,6 +32,7 @@ namespace knngpt::cpu {
 // counters of the search, see the header comment
 struct TopkStats {
     long long scores_computed = 0;
+    long long scores_rescored = 0;
     long long blocks_visited = 0;
     long long blocks_total = 0;
 };
