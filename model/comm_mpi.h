@@ -66,25 +66,32 @@ inline void ensure_mpi_initialized() {
 
 constexpr size_t kMaxMpiCount = size_t(1) << 30;
 
+// This process's rank and the world size in MPI_COMM_WORLD, and its rank on its node.
+inline void mpi_world_ranks(int* rank, int* world, int* local_rank) {
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, world);
+    MPI_Comm node;
+    mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, *rank, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    MPI_Comm_rank(node, local_rank);
+    MPI_Comm_free(&node);
+}
+
+inline void mpi_finalize_once() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+}
+
 }  // namespace comm_detail
 
 class MpiComm final : public Comm {
  public:
     MpiComm() {
         comm_detail::ensure_mpi_initialized();
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-        MPI_Comm_size(MPI_COMM_WORLD, &world_);
-        MPI_Comm node;
-        comm_detail::mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-                               "MPI_Comm_split_type");
-        MPI_Comm_rank(node, &local_rank_);
-        MPI_Comm_free(&node);
+        comm_detail::mpi_world_ranks(&rank_, &world_, &local_rank_);
     }
-    ~MpiComm() override {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Finalize();
-    }
+    ~MpiComm() override { comm_detail::mpi_finalize_once(); }
     const char* name() const override { return "MPI"; }
 
     void all_reduce(float* buf, size_t count, ReduceOp op) override {

@@ -177,12 +177,7 @@ class NcclComm final : public Comm {
 #if defined(KNNGPT_MPI)
             comm_detail::ensure_mpi_initialized();
             using_mpi_ = true;
-            MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-            MPI_Comm_size(MPI_COMM_WORLD, &world_);
-            MPI_Comm node;
-            MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-            MPI_Comm_rank(node, &local_rank_);
-            MPI_Comm_free(&node);
+            comm_detail::mpi_world_ranks(&rank_, &world_, &local_rank_);
             if (rank_ == 0) comm_detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
             comm_detail::mpi_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast of the NCCL id");
 #else
@@ -227,8 +222,7 @@ class NcclComm final : public Comm {
         if (reduced_) cudaEventDestroy(reduced_);
         if (stream_) cudaStreamDestroy(stream_);
 #if defined(KNNGPT_MPI)
-        int finalized = 0;
-        if (using_mpi_ && (MPI_Finalized(&finalized), !finalized)) MPI_Finalize();
+        if (using_mpi_) comm_detail::mpi_finalize_once();
 #endif
     }
     const char* name() const override { return using_mpi_ ? "NCCL (id over MPI)" : "NCCL"; }

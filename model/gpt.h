@@ -611,11 +611,6 @@ inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false)
     ops::encoder_backward(g.wte, g.wpe, ga.residual, model.inputs, B, T, C);
 }
 
-// Global L2 norm of the gradients (computed in double).
-inline float gpt_grad_norm(const GPT& model) {
-    return (float)std::sqrt(ops::global_norm_squared(model.grads_memory, model.num_parameters));
-}
-
 struct AdamWConfig {
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
     float grad_clip = 1.0f;  // clip the global gradient norm to this; 0 = no clipping

@@ -126,6 +126,14 @@ std::vector<T> rank_input(int rank, size_t count, uint64_t salt) {
     return v;
 }
 
+// Every rank's input of a call, rank 0 first: what the reference reduces.
+template <typename T>
+std::vector<std::vector<T>> all_rank_inputs(int nranks, size_t count, uint64_t salt) {
+    std::vector<std::vector<T>> inputs;
+    for (int r = 0; r < nranks; r++) inputs.push_back(rank_input<T>(r, count, salt));
+    return inputs;
+}
+
 // ---- the reference: rank order 0..n-1, integers wrapping, bf16 in fp32 rounded once ----
 
 template <typename T>
@@ -258,8 +266,7 @@ void check_allreduce(const Comm& c, size_t count, ncclRedOp_t op, bool in_place,
         << ncclGetLastError(nullptr);
     std::vector<T> got(count);
     CUDA_CHECK(cudaMemcpy(got.data(), out, count * sizeof(T), cudaMemcpyDeviceToHost));
-    std::vector<std::vector<T>> inputs;
-    for (int r = 0; r < c.nranks; r++) inputs.push_back(rank_input<T>(r, count, salt));
+    const std::vector<std::vector<T>> inputs = all_rank_inputs<T>(c.nranks, count, salt);
     std::vector<T> want(count);
     for (size_t i = 0; i < count; i++) want[i] = reference_reduce(inputs, i, op);
     expect_bits_equal(got, want);
@@ -278,8 +285,7 @@ void check_reduce_scatter(const Comm& c, size_t recvcount, ncclRedOp_t op, bool 
         << ncclGetLastError(nullptr);
     std::vector<T> got(recvcount);
     CUDA_CHECK(cudaMemcpy(got.data(), out, recvcount * sizeof(T), cudaMemcpyDeviceToHost));
-    std::vector<std::vector<T>> inputs;
-    for (int r = 0; r < c.nranks; r++) inputs.push_back(rank_input<T>(r, total, salt));
+    const std::vector<std::vector<T>> inputs = all_rank_inputs<T>(c.nranks, total, salt);
     std::vector<T> want(recvcount);
     for (size_t i = 0; i < recvcount; i++) want[i] = reference_reduce(inputs, c.rank * recvcount + i, op);
     expect_bits_equal(got, want);

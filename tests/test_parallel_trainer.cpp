@@ -189,9 +189,7 @@ TEST_F(ParallelTrainer, EmulatedCudaTrainerMeetsThroughFileAndTcp) {
         auto rank_command = [&](int r) {
             return emu_trainer() + flags(2, tmp.file(method)) + short_run + meet + " -pn 2 -pr " + std::to_string(r);
         };
-        RunResult r = run_with_threads("mpirun -q --timeout 120 -x OMP_NUM_THREADS -np 1 " + rank_command(0) +
-                                           " : -np 1 " + rank_command(1),
-                                       1, tmp);
+        RunResult r = run_with_threads(mpirun_prefix(1, 120) + rank_command(0) + " : -np 1 " + rank_command(1), 1, tmp);
         ASSERT_EQ(r.exit_code, 0) << r.err;
         EXPECT_NE(r.out.find("| processes     | 2 (NCCL), ZeRO-0"), std::string::npos) << r.out;
         EXPECT_EQ(parameter_difference(tmp.file(method + "/model_00000003.bin"), tmp.file("mpi/model_00000003.bin")), 0.0);
@@ -243,9 +241,7 @@ TEST_F(ParallelTrainer, BadShardOnOneRankEndsBothWithOneLine) {
     std::ofstream(tmp.file("bad_train.bin"), std::ios::binary) << bytes;
     std::string good = flags(2, tmp.file("bad")), bad = good;
     bad.replace(bad.find(train), train.size(), tmp.file("bad_train.bin"));
-    RunResult r = run_with_threads("mpirun -q --timeout 120 -x OMP_NUM_THREADS -np 1 " + cpu + good + " : -np 1 " + cpu +
-                                       bad,
-                                   1, tmp);
+    RunResult r = run_with_threads(mpirun_prefix(1, 120) + cpu + good + " : -np 1 " + cpu + bad, 1, tmp);
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_TRUE(one_line(r.err)) << r.err;
     EXPECT_NE(r.err.find("train_gpt: error: rank 1: " + tmp.file("bad_train.bin") + ": bad magic"), std::string::npos)

@@ -164,8 +164,9 @@ Threads: set OMP_NUM_THREADS (per process).
 static std::unique_ptr<Comm> g_comm;  // null until the processes have met
 static bool g_in_setup = false;       // die() throws for agree_on_setup instead of stopping
 
-static void print_error(const std::string& msg, bool name_rank) {
-    if (name_rank) fprintf(stderr, "train_gpt: error: rank %d: %s\n", g_comm->rank(), msg.c_str());
+// rank < 0: the line names no rank
+static void print_error(const std::string& msg, int rank) {
+    if (rank >= 0) fprintf(stderr, "train_gpt: error: rank %d: %s\n", rank, msg.c_str());
     else fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
     fflush(stderr);
 }
@@ -173,10 +174,10 @@ static void print_error(const std::string& msg, bool name_rank) {
 [[noreturn]] static void die(const std::string& msg) {
     if (g_in_setup) throw std::runtime_error(msg);
     if (!g_comm) {
-        if (launcher_rank() == 0) print_error(msg, false);
+        if (launcher_rank() == 0) print_error(msg, -1);
         exit(1);
     }
-    print_error(msg, g_comm->world() > 1);
+    print_error(msg, g_comm->world() > 1 ? g_comm->rank() : -1);
     if (g_comm->world() > 1) g_comm->abort(1);
     exit(1);
 }
@@ -184,7 +185,7 @@ static void print_error(const std::string& msg, bool name_rank) {
 // An error every rank finds at the same point: one line, every rank exits.
 [[noreturn]] static void die_everywhere(const std::string& msg) {
     g_comm->barrier();
-    if (g_comm->rank() == 0) print_error(msg, false);
+    if (g_comm->rank() == 0) print_error(msg, -1);
     g_comm.reset();  // MPI_Finalize
     exit(1);
 }
@@ -195,7 +196,7 @@ static void agree_on_setup(const std::string* error) {
     const int world = g_comm->world(), rank = g_comm->rank();
     const int first_failed = (int)g_comm->all_reduce_host(error ? rank : world, ReduceOp::Min);
     if (first_failed == world) return;
-    if (error && rank == first_failed) print_error(*error, world > 1);
+    if (error && rank == first_failed) print_error(*error, world > 1 ? rank : -1);
     g_comm.reset();
     exit(1);
 }
@@ -652,7 +653,7 @@ int main(int argc, char** argv) {
         g_comm = make_comm(o.comm);
     } catch (const std::exception& e) {
         // the processes have not met: each rank names itself
-        fprintf(stderr, "train_gpt: error: rank %d: %s\n", launcher_rank(), e.what());
+        print_error(e.what(), launcher_rank());
         return 1;
     }
     int status = 1;

@@ -120,7 +120,7 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
     constexpr int W = 8;  // keys scored side by side (attention_scores: attention_score's chains)
     for (int j0 = 0; j0 < (panel ? 0 : n_i); j0 += W) {
         const int count = std::min(W, n_i - j0);
-        const float* key_ptrs[W];
+        const float* key_ptrs[W] = {};
         for (int w = 0; w < count; w++) key_ptrs[w] = keys + (size_t)(j0 + w) * stride;
         float s[W];
         attention_scores<W>(s, q_i, key_ptrs, count, HS, tau);
