@@ -228,7 +228,7 @@ TEST(LazyGumbel, SamplesMatchExactSoftmaxByChiSquareOnCausalRows) {
     std::printf("  largest chi-square over its 5-sigma quantile, 16 rows: %.3f\n", worst);
 }
 
-TEST(LazyGumbel, RowsWithAtMostKKeysArePlainGumbelMaxWithoutExceeders) {
+TEST(LazyGumbel, RowsWithAtMostKKeysAreSoftmaxPicksWithoutExceeders) {
     const int T = 16, C = 8, NH = 1, k = 8;
     const std::vector<float> qkv = random_qkv(1, T, C, 4.0f, 12);
     const std::vector<int> topk = naive_causal_topk(qkv, {1, T, C, NH}, k);

@@ -6,7 +6,8 @@
 //   attention_score(q, k, HS, tau)   s = tau * attention_dot(q, k, HS)
 //   attention_scores<W>(s, q, keys, count, HS, tau)
 //                                    count <= W of them at once: the same chains, run
-//                                    side by side so that the fma latency overlaps
+//                                    side by side so that the fma latency overlaps (on an
+//                                    AVX2 host, W = 8: one vector lane per key)
 //
 // The top-k indexes rank keys by attention_dot (an fp32 multiply by tau > 0 never
 // reverses the order, though it can merge two dot products into one score; the
@@ -20,6 +21,15 @@
 #include <cmath>
 
 #include "kernels/common/hd.h"
+
+// host code with AVX2 and FMA: attention_scores<8> loads 8 dimensions of each key at a
+// time and transposes them in registers (the same chains, fewer shuffles than a gather)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__CUDA_ARCH__)
+#include <immintrin.h>
+#define KNNGPT_SCORES_AVX2 1
+#else
+#define KNNGPT_SCORES_AVX2 0
+#endif
 
 // tau and every score must be the correctly rounded operations the host computes;
 // --use_fast_math would replace sqrtf and the division by approximations
@@ -44,6 +54,33 @@ KNNGPT_HD float attention_score(const float* q, const float* k, int HS, float ta
 // out[w] = attention_score(q, keys[w], HS, tau) for w < count <= W, bit for bit: each
 // lane is attention_dot's chain; interleaving W of them only hides the latency of
 // each fma behind the others (one chain waits ~4 cycles per step).
+#if KNNGPT_SCORES_AVX2
+// lanes w of acc: the chains of keys k[0..7] over dimensions [0, HS - HS % 8); 8 rows of
+// 8 floats (one per key) transposed into 8 columns (one per dimension), each an fma step
+inline __m256 attention_scores_avx2(const float* q, const float* const* k, int HS) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int d0 = 0; d0 + 8 <= HS; d0 += 8) {
+        __m256 r[8];
+        for (int w = 0; w < 8; w++) r[w] = _mm256_loadu_ps(k[w] + d0);
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        // column d0 + c: element c of every key, lanes in key order
+        const __m256 col[8] = {_mm256_permute2f128_ps(u0, u4, 0x20), _mm256_permute2f128_ps(u1, u5, 0x20),
+                               _mm256_permute2f128_ps(u2, u6, 0x20), _mm256_permute2f128_ps(u3, u7, 0x20),
+                               _mm256_permute2f128_ps(u0, u4, 0x31), _mm256_permute2f128_ps(u1, u5, 0x31),
+                               _mm256_permute2f128_ps(u2, u6, 0x31), _mm256_permute2f128_ps(u3, u7, 0x31)};
+        for (int c = 0; c < 8; c++) acc = _mm256_fmadd_ps(_mm256_set1_ps(q[d0 + c]), col[c], acc);
+    }
+    return acc;
+}
+#endif
+
 template <int W>
 KNNGPT_HD void attention_scores(float* out, const float* q, const float* const* keys, int count, int HS, float tau) {
     float acc[W];
@@ -52,7 +89,14 @@ KNNGPT_HD void attention_scores(float* out, const float* q, const float* const* 
         acc[w] = 0.0f;
         k[w] = keys[w < count ? w : 0];  // unused lanes repeat lane 0 (count >= 1)
     }
-    for (int d = 0; d < HS; d++) {
+    int d = 0;
+#if KNNGPT_SCORES_AVX2
+    if constexpr (W == 8) {
+        _mm256_storeu_ps(acc, attention_scores_avx2(q, k, HS));
+        d = HS - HS % 8;
+    }
+#endif
+    for (; d < HS; d++) {
         const float qd = q[d];
         for (int w = 0; w < W; w++) acc[w] = fmaf(qd, k[w][d], acc[w]);
     }

@@ -12,7 +12,13 @@
 //   s_ij = tau q_i . k_j,   P_ij = exp(s_ij) / sum_{l<=i} exp(s_il),   O_i = E_{J~P_i}[v_J].
 //
 // Lazy Gumbel sample J ~ P_i, given the top-k set S_i (§4.2):
-//   1. head: G_j ~ Gumbel for j in S_i;  M = max_j (s_ij + G_j),  J = argmax
+//   1. head: M = max_{j in S_i} (s_ij + G_j) and J = argmax, drawn without a Gumbel per
+//      slot: the maximum of Gumbels located at s_ij is a Gumbel located at
+//      log Z_S = log sum_{j in S_i} e^{s_ij}, and the argmax is independent of it with
+//      law softmax over S_i (§4.3), so  M = log Z_S + G_0  and  J = the first slot whose
+//      cumulative weight sum_{slots <= h} e^{s_ij - s_max} exceeds u Z_S e^{-s_max}:
+//      one Philox call (two uniforms) per sample, and the row's head summary
+//      (LazyGumbelHead: scores, their cumulative weights, s_min) computed once
 //   2. B = M - s_min,  s_min = min_{j in S_i} s_ij;  p = P(G > B) = -expm1(-e^{-B})
 //   3. walk the tail positions 0..|R_i|-1 (R_i = C_i \ S_i, ascending key order) with
 //      independent Geometric(p) skips, skip = floor(log u / log1p(-p)): every visited
@@ -42,7 +48,8 @@
 //   D(n_i) = ceil(n_i / 2) Philox calls per purpose, starting at sample_index * D(n_i);
 // each call gives two fp64 uniforms (words 0,1 and 2,3), so draw d of a purpose is
 // call sample_index * D + d/2, pair d % 2:
-//   DRAW_HEAD_GUMBEL       d = head slot (0..k-1)
+//   DRAW_HEAD_GUMBEL       d = 0: the head maximum's Gumbel G_0; d = 1: the uniform that
+//                          picks the head slot
 //   DRAW_GEOMETRIC_SKIP    d = walk step (at most |R_i| + 1 <= n_i steps)
 //   DRAW_TRUNCATED_GUMBEL  d = tail position (truncated Gumbel for walk exceeders,
 //                          full Gumbel for positions swept after a fallback; a row
@@ -86,6 +93,79 @@ KNNGPT_HD double lazy_gumbel_uniform(const DrawSite& site, uint32_t purpose, uin
     return (d & 1) ? uniform_open01_f64(w.x[2], w.x[3]) : uniform_open01_f64(w.x[0], w.x[1]);
 }
 
+// The head of a row (step 1), the same for all its samples: the valid top-k slots
+// (they come first, then -1), their scores s_j, s_max and s_min, and the cumulative
+// weights cdf[h] = sum_{slots <= h} exp(s_j - s_max), fp64 in slot order. Built by
+// lazy_gumbel_head_prepare, once per row, by callers that draw several samples of it;
+// with no buffers (scores, cdf null) the sampler recomputes the scores and the same sums
+// while it picks, so both ways give the same sample.
+struct LazyGumbelHead {
+    int count = 0;                 // valid slots
+    double s_max = -(double)INFINITY, s_min = (double)INFINITY;
+    double mass = 0.0;             // cdf[count - 1]: Z_S e^{-s_max}
+    const double* scores = nullptr;  // (count) or null
+    const double* cdf = nullptr;     // (count) or null
+};
+
+// The score of head slot h: given, or attention_score.
+KNNGPT_HD double lazy_gumbel_head_score(const LazyGumbelHead& head, int h, const float* q_i, const float* keys,
+                                        int stride, int HS, float tau, const int* topk) {
+    return head.scores ? head.scores[h] : attention_score(q_i, keys + (size_t)topk[h] * stride, HS, tau);
+}
+
+// Fills `head` for the top-k slots of a row; scores and cdf: buffers of k doubles that
+// it fills and keeps pointers to, or both null (then `head` holds no arrays).
+KNNGPT_HD void lazy_gumbel_head_prepare(LazyGumbelHead* head, double* scores, double* cdf, const float* q_i,
+                                        const float* keys, int stride, int HS, float tau, const int* topk, int k) {
+    LazyGumbelHead h;
+    for (; h.count < k && topk[h.count] >= 0; h.count++) {
+        const double s = attention_score(q_i, keys + (size_t)topk[h.count] * stride, HS, tau);
+        if (scores) scores[h.count] = s;
+        h.s_max = s > h.s_max ? s : h.s_max;
+        h.s_min = s < h.s_min ? s : h.s_min;
+    }
+    if (scores && cdf) h.scores = scores;
+    double running = 0.0;
+    for (int slot = 0; slot < h.count; slot++) {
+        running += exp(lazy_gumbel_head_score(h, slot, q_i, keys, stride, HS, tau, topk) - h.s_max);
+        if (scores && cdf) cdf[slot] = running;
+    }
+    h.mass = running;
+    if (scores && cdf) h.cdf = cdf;
+    *head = h;
+}
+
+// The head slot of a sample: the first whose cumulative weight exceeds target (the
+// last if none: rounding), by bisection over cdf or by the same running sums.
+KNNGPT_HD int lazy_gumbel_head_pick(const LazyGumbelHead& head, double target, const float* q_i, const float* keys,
+                                    int stride, int HS, float tau, const int* topk, DrawMargin* margin) {
+    int slot = head.count - 1;
+    double below = 0.0, above = head.mass;  // cumulative weights around the pick
+    if (head.cdf) {
+        int lo = 0, hi = head.count;  // the first slot with cdf > target lies in [lo, hi]
+        while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (head.cdf[mid] > target) hi = mid; else lo = mid + 1;
+        }
+        if (lo < head.count) slot = lo, above = head.cdf[lo];
+        if (slot > 0) below = head.cdf[slot - 1];
+    } else {
+        double running = 0.0;
+        for (int h = 0; h < head.count; h++) {
+            const double next = running + exp(lazy_gumbel_head_score(head, h, q_i, keys, stride, HS, tau, topk) -
+                                              head.s_max);
+            if (next > target) { slot = h, below = running, above = next; break; }
+            running = next;
+        }
+    }
+    if (margin) {  // sums of exp terms: up to count ulps apart on another device
+        const double amplification = 1.0 + head.count;
+        margin->compare(above, target, 0.0, amplification);
+        if (slot > 0) margin->compare(below, target, 0.0, amplification);
+    }
+    return slot;
+}
+
 // Maps increasing tail positions to keys of C_i \ S_i (ascending), skipping the sorted
 // head keys with a cursor: key = pos + (number of head keys <= key).
 struct LazyGumbelTailCursor {
@@ -105,39 +185,46 @@ struct LazyGumbelTailCursor {
 //   sample_index < lazy_gumbel_sample_capacity(n_i) (unchecked here)
 //   exceeders, fell_back   if not null: the exceeders evaluated, and whether the cap hit
 //   margin       if not null: every comparison that decided the sample (draws.h)
-//   head_scores  if not null: attention_score of each valid top-k slot, computed once by a
-//                caller that draws several samples of the row (the same values, so the
-//                same samples); else each sample scores its head itself
+//   head         if not null: the row's head summary (lazy_gumbel_head_prepare), built once
+//                by a caller that draws several samples of the row (the same values, so the
+//                same samples); else each sample summarises its head itself
 KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
                                       const int* topk, int k, const DrawSite& site, uint32_t sample_index,
                                       int max_exceeders, int* exceeders, bool* fell_back,
-                                      DrawMargin* margin = nullptr, const double* head_scores = nullptr) {
+                                      DrawMargin* margin = nullptr, const LazyGumbelHead* head = nullptr) {
     const uint32_t base = sample_index * lazy_gumbel_calls_per_sample(n_i);
     const double inf = (double)INFINITY;
 
-    // 1. head: Gumbel-max over the top-k slots (valid slots come first, then -1)
-    int head = 0;
-    double M = -inf, s_min = inf;
-    int best = -1;
-    for (; head < k && topk[head] >= 0; head++) {
-        const int j = topk[head];
-        const double s = head_scores ? head_scores[head] : attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-        const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_HEAD_GUMBEL, base, head)));
-        if (margin) margin->compare(s + g, M, fabs(s) + fabs(g));
-        if (s + g > M) { M = s + g; best = j; }
-        s_min = s < s_min ? s : s_min;
+    // 1. head: M = log Z_S + G_0, and the slot picked by softmax over S_i
+    LazyGumbelHead own_head;
+    if (!head) {
+        lazy_gumbel_head_prepare(&own_head, nullptr, nullptr, q_i, keys, stride, HS, tau, topk, k);
+        head = &own_head;
     }
-    const int tail = n_i - head;
+    double M = -inf, M_magnitude = 0.0;  // M and the magnitudes of its terms (margins)
+    const double s_min = head->s_min;
+    int best = -1;
+    if (head->count > 0) {
+        const Philox4 w = philox_draw(site, DRAW_HEAD_GUMBEL, base);
+        const double g0 = -log(-log(uniform_open01_f64(w.x[0], w.x[1])));
+        const double log_mass = log(head->mass);
+        M = head->s_max + log_mass + g0;
+        M_magnitude = fabs(head->s_max) + fabs(log_mass) + fabs(g0);
+        const double target = uniform_open01_f64(w.x[2], w.x[3]) * head->mass;
+        best = topk[lazy_gumbel_head_pick(*head, target, q_i, keys, stride, HS, tau, topk, margin)];
+    }
+    const int head_count = head->count;
+    const int tail = n_i - head_count;
     int x = 0;  // exceeders: tail keys whose Gumbel exceeds B
     bool fallback = false;
 
-    if (tail > 0 && head == 0) {
+    if (tail > 0 && head_count == 0) {
         // no head set: a plain Gumbel-max over the whole row (tail position = key)
         for (int j = 0; j < n_i; j++) {
             const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
-            if (margin) margin->compare(s + g, M, fabs(s) + fabs(g));
-            if (s + g > M) { M = s + g; best = j; }
+            if (margin) margin->compare(s + g, M, fmax(fabs(s) + fabs(g), M_magnitude));
+            if (s + g > M) { M = s + g; M_magnitude = fabs(s) + fabs(g); best = j; }
         }
     } else if (tail > 0) {
         // 2. threshold and exceedance probability, in fp64
@@ -148,7 +235,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         const double trunc_scale = expm1(-e_minus_B);  // in [-1, 0)
         // margins: log(1 - p) magnifies p's error by 1 / (1 - p) = e^(e^-B)
         const double skip_amplification = margin ? exp(e_minus_B) : 1.0;
-        LazyGumbelTailCursor cursor{topk, head};
+        LazyGumbelTailCursor cursor{topk, head_count};
         // 3.-4. geometric-skip walk: each visited position is one exceeder. Where the walk
         // goes depends on the draws only, never on the scores, so the exceeders are
         // collected kLazyGumbelScoreBatch at a time, scored side by side
@@ -163,14 +250,17 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
             for (int e = 0; e < pending; e++) {
                 const double s = s32[e], g = pending_g[e];
-                if (margin) margin->compare(s + g, M, fabs(s) + fabs(g), pending_amp[e]);
-                if (s + g > M) { M = s + g; best = pending_key[e]; }
+                if (margin) margin->compare(s + g, M, fmax(fabs(s) + fabs(g), M_magnitude), pending_amp[e]);
+                if (s + g > M) { M = s + g; M_magnitude = fabs(s) + fabs(g); best = pending_key[e]; }
             }
             pending = 0;
         };
         long long pos = -1;
+        Philox4 skip_pair{};  // the call that holds the uniforms of steps 2c and 2c + 1
         for (int step = 0;; step++) {
-            const double u = lazy_gumbel_uniform(site, DRAW_GEOMETRIC_SKIP, base, step);
+            if ((step & 1) == 0) skip_pair = philox_draw(site, DRAW_GEOMETRIC_SKIP, base + (uint32_t)(step >> 1));
+            const double u = (step & 1) ? uniform_open01_f64(skip_pair.x[2], skip_pair.x[3])
+                                        : uniform_open01_f64(skip_pair.x[0], skip_pair.x[1]);  // lazy_gumbel_uniform
             const double quotient = log(u) / log_no_exceed;  // +inf when p = 0
             const double skip = floor(quotient);
             // the walk goes on while quotient < tail - pos - 1 (an integer), and floor picks the position
@@ -194,13 +284,13 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
                     const double gr = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
-                    if (margin) margin->compare(gr, B, fabs(gr) + fabs(M) + fabs(s_min));
+                    if (margin) margin->compare(gr, B, fabs(gr) + M_magnitude + fabs(s_min));
                     if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
                     x++;
                     const int jr = cursor.key(rest);
                     const double sr = attention_score(q_i, keys + (size_t)jr * stride, HS, tau);
-                    if (margin) margin->compare(sr + gr, M, fabs(sr) + fabs(gr));
-                    if (sr + gr > M) { M = sr + gr; best = jr; }
+                    if (margin) margin->compare(sr + gr, M, fmax(fabs(sr) + fabs(gr), M_magnitude));
+                    if (sr + gr > M) { M = sr + gr; M_magnitude = fabs(sr) + fabs(gr); best = jr; }
                 }
                 break;
             }

@@ -45,6 +45,8 @@ using knngpt::lazy_gumbel_calls_per_sample;
 using knngpt::lazy_gumbel_default_max_exceeders;
 using knngpt::lazy_gumbel_sample_capacity;
 using knngpt::lazy_gumbel_uniform;
+using knngpt::LazyGumbelHead;
+using knngpt::lazy_gumbel_head_prepare;
 using knngpt::LazyGumbelTailCursor;
 
 // lazy_gumbel_sample_core (lazy_gumbel.h) after checking its arguments: sample_index
@@ -53,7 +55,7 @@ using knngpt::LazyGumbelTailCursor;
 inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
                               const int* topk, int k, const DrawSite& site, uint32_t sample_index,
                               int max_exceeders, int* exceeders, bool* fell_back, DrawMargin* margin = nullptr,
-                              const double* head_scores = nullptr) {
+                              const LazyGumbelHead* head = nullptr) {
     if ((uint64_t)sample_index >= lazy_gumbel_sample_capacity(n_i)) {
         std::fprintf(stderr, "kernels/cpu/gumbel_attention.h: sample_index %u out of range for a row of %d keys "
                      "(expected < %llu)\n", sample_index, n_i, (unsigned long long)lazy_gumbel_sample_capacity(n_i));
@@ -68,17 +70,7 @@ inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, i
         }
     }
     return lazy_gumbel_sample_core(q_i, keys, stride, HS, tau, n_i, topk, k, site, sample_index, max_exceeders,
-                                   exceeders, fell_back, margin, head_scores);
-}
-
-// The scores of a row's valid top-k slots, once for all its samples (lazy_gumbel_sample's
-// head_scores); returns how many slots are valid.
-inline int lazy_gumbel_head_scores(double* head_scores, const float* q_i, const float* keys, int stride, int HS,
-                                   float tau, const int* topk, int k) {
-    int head = 0;
-    for (; head < k && topk[head] >= 0; head++)
-        head_scores[head] = attention_score(q_i, keys + (size_t)topk[head] * stride, HS, tau);
-    return head;
+                                   exceeders, fell_back, margin, head);
 }
 
 inline void gumbel_attention_forward(float* out, const float* qkv, const int* topk_idx, int B, int T, int C, int NH,
@@ -107,7 +99,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
         DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<float> group_means((size_t)r * HS);  // (r, HS)
         std::vector<float> column(r);
-        std::vector<double> head_scores(k);  // the row's top-k scores, shared by its samples
+        std::vector<double> head_scores(k), head_cdf(k);  // the row's head, shared by its samples
         #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -119,8 +111,10 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
                     const int n_i = i + 1;
                     const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
-                    const int head = lazy_gumbel_head_scores(head_scores.data(), q_i, keys, C3, HS, tau, topk, k);
-                    const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head, head);
+                    LazyGumbelHead head;
+                    lazy_gumbel_head_prepare(&head, head_scores.data(), head_cdf.data(), q_i, keys, C3, HS, tau,
+                                             topk, k);
+                    const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head.count, head.count);
                     // r group means of t samples of v_J
                     for (int g = 0; g < r; g++) {
                         float* mean = group_means.data() + (size_t)g * HS;
@@ -131,7 +125,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                             const int J = lazy_gumbel_sample(q_i, keys, C3, HS, tau, n_i, topk, k, site,
                                                              gumbel_forward_sample_number((uint32_t)(g * t + u)),
                                                              max_exceeders, &x, &fell_back, margin_or_null,
-                                                             head_scores.data());
+                                                             &head);
                             const float* v_J = values + (size_t)J * C3;
                             for (int c = 0; c < HS; c++) mean[c] += v_J[c];
                             total_exceeders += x;
