@@ -19,6 +19,12 @@
 //   j in H_i  <=>  j <= i, LSH proposed j for i, and log K_ij >= -alpha log(n_i).
 // Every proposal is checked exactly, so H_i holds only heavy keys; LSH decides
 // which heavy keys are found (recall), never which light keys are let in.
+// KmvThreshold::Relative (ours, not [P2]'s) measures from the row's largest
+// candidate instead: with c_i the LSH candidates of row i,
+//   j in H_i  <=>  j in c_i and log K_ij >= max_{j' in c_i} log K_ij' - alpha log(n_i),
+// i.e. s_ij >= max_{c_i} s - alpha log n_i: the per-row factor S_i drops out, so
+// the test no longer depends on |q_i| and R_i. H_i stays a function of the hash
+// draws and the data, so the light part stays unbiased.
 //
 // FindHeavy by E2LSH (p-stable projections) on the padded vectors: hash
 // function f is h_f(x) = floor((a_f . x + b_f) / w), a_f ~ N(0, I_{D+1}),
@@ -33,9 +39,13 @@
 // is found with probability >= 1 - (1 - 1/L)^L >= 1 - 1/e over L = num_tables
 // tables, and heavier (closer) pairs more often — the "collide with
 // probability ~ n^-alpha per table, n^alpha tables" of §7.4 with the table count
-// given. The padded coordinate depends on R_i, so the key buckets are rebuilt
-// at every row where the prefix maximum of |k_j| grows (O(log T) times for
-// keys in random order; up to T times if key norms only grow).
+// given. The tables are built once per (b, h) and extended causally: key i
+// joins its buckets just before query i looks, so a bucket holds exactly the
+// keys j <= i. The padded coordinate depends on R_i, so at a row where the
+// prefix maximum of |k_j| grows the buckets are cleared and keys 0..i hashed
+// again (O(log T) such rows for keys in random order, the prefix maxima of an
+// exchangeable sequence; up to T if key norms only grow). The candidate sets
+// are those of hashing every row's keys afresh with its own R_i.
 //
 // ApproxLight: uniform sampling without replacement over the light keys
 // L_i = {0..i} \ H_i (the "uniform, weight |L_i| / m" option). [P2] samples
@@ -78,8 +88,11 @@
 // entries with n = T: c^ = (sum_all - sum_top_n) / sum_top_n; and the same on the
 // raw A_ij = exp(s_ij). Sums are taken relative to the largest entry, in double.
 //
-// Work per (b, h): hashing O(T L num_bits D) plus O(L T log T) per rebuild;
-// per row O(candidates D + m (Philox + log m)); no T x T buffer.
+// Work per (b, h): projections O(T L num_bits D), O(i L num_bits) hashing per
+// rebuild at row i; per row O(L num_bits + bucket entries + candidates D +
+// m (Philox + log m)); no T x T buffer. Where nearly every entry is heavy (a
+// flat kernel, assumption A failing: ĉ grows like n) each table proposes a
+// constant fraction of the prefix and the work is O(T^2 D), like exact attention.
 // measure_assumption_a is O(T^2 D) with a T (T + 1) / 2 buffer (a diagnostic).
 // OpenMP over (b, h); all draws are pure functions of the site, so the lists do
 // not depend on the thread count.
