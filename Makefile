@@ -84,6 +84,7 @@ help:
 	@echo "                      into $(PORTABLE)/ with PORTABLE_ARCHFLAGS in place of ARCHFLAGS, and run"
 	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
 	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
+	@echo "  make build/kmv_stats  how much of each attention row kmv's heavy keys hold, on a trained model"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
@@ -189,6 +190,11 @@ $(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(DEPDIR)/$(BUILD)/
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
 $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_attention.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+# kmv's heavy keys on a trained model (tools/kmv_stats.cpp)
+$(BUILD)/kmv_stats: tools/kmv_stats.cpp $(DEPDIR)/$(BUILD)/kmv_stats.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 

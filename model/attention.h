@@ -44,6 +44,7 @@ struct AttnConfig {
     AttnGradSource grad_source = AttnGradSource::Auto;  // where the sampled gradients draw from
     bool grad_signed_dv = false;                        // signed-start dV instead of row-wise
     int gumbel_groups = 3, gumbel_samples = 8;          // median-of-means groups x samples of gumbel
+    KmvThreshold kmv_threshold = KmvThreshold::Absolute;  // kmv's heavy test (ALGORITHMS.md §7.4)
     uint64_t seed = 0;                                  // key of every attention draw
 
     // slots per key list (0 when the mode keeps none)
@@ -96,6 +97,7 @@ enum class AttnProblem {
     TailNegative,             // tail < 0
     TailWithoutTailMode,      // tail > 0 but the mode is neither knn-tail nor kmv
     KmvWithoutLightSamples,   // kmv with tail < 1
+    KmvThresholdWithoutKmv,   // the relative kmv threshold with a mode other than kmv
     GradSamplesBelowOne,      // grad_samples < 1
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
     LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster):
@@ -112,6 +114,7 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.tail < 0) return AttnProblem::TailNegative;
     if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) return AttnProblem::TailWithoutTailMode;
     if (a.mode == AttnMode::Kmv && a.tail < 1) return AttnProblem::KmvWithoutLightSamples;
+    if (a.kmv_threshold != KmvThreshold::Absolute && a.mode != AttnMode::Kmv) return AttnProblem::KmvThresholdWithoutKmv;
     if (a.grad_samples < 1) return AttnProblem::GradSamplesBelowOne;
     if (a.gumbel_groups < 1 || a.gumbel_samples < 1) return AttnProblem::GumbelCountsBelowOne;
     if (a.index_is_approximate() && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
@@ -135,6 +138,7 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::TailNegative: return "tail < 0";
         case AttnProblem::TailWithoutTailMode: return "tail samples with a mode other than knn-tail or kmv";
         case AttnProblem::KmvWithoutLightSamples: return "kmv without light samples";
+        case AttnProblem::KmvThresholdWithoutKmv: return "a kmv threshold with a mode other than kmv";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
         case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster)";
@@ -153,6 +157,7 @@ inline std::string attn_description(const AttnConfig& a) {
     if (a.mode != AttnMode::Exact) s += " k " + std::to_string(a.k) + " index " + attn_index_name(a.index);
     if (a.mode == AttnMode::KnnTail) s += " tail " + std::to_string(a.tail);
     if (a.mode == AttnMode::Kmv) s += " light " + std::to_string(a.tail);
+    if (a.mode == AttnMode::Kmv && a.kmv_threshold == KmvThreshold::Relative) s += " threshold relative";
     if (a.mode == AttnMode::Gumbel)
         s += " groups " + std::to_string(a.gumbel_groups) + " x " + std::to_string(a.gumbel_samples);
     if (a.grad == AttnGrad::Sampled) {
@@ -239,6 +244,7 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
         case AttnMode::Kmv: {
             ops::KmvParams p;
             p.light_samples = a.tail;
+            p.threshold = a.kmv_threshold;
             p.seed = a.seed;
             p.step = call.draw_step;
             p.layer = layer;

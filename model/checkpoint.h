@@ -16,7 +16,8 @@
 //           [40..41] u64 parameter count,
 //           [50..59] the attention settings (mode, k, tail, index, grad,
 //           grad samples, grad source, signed dV, gumbel groups, gumbel
-//           samples), [60..61] u64 attention seed
+//           samples), [60..61] u64 attention seed, [62] kmv threshold
+//           (0 absolute, 1 relative; 0 in files from before it existed)
 //   then AdamW m and v, each parameter-count fp32: the whole vectors, also when
 //   the run sharded them over its processes (ZeRO-1), so any world size resumes.
 //
@@ -202,6 +203,7 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
                                  (int)a.grad_source, a.grad_signed_dv ? 1 : 0, a.gumbel_groups, a.gumbel_samples};
     std::memcpy(header + 50, attn_fields, sizeof(attn_fields));
     put_u64(header, 60, a.seed);
+    header[62] = (int)a.kmv_threshold;
     write_atomically(path, [&](FILE* f) {
         return fwrite(header, sizeof(header), 1, f) == 1 &&
                fwrite(s.m.data(), sizeof(float), s.m.size(), f) == s.m.size() &&
@@ -243,10 +245,11 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.gumbel_groups = header[58];
     a.gumbel_samples = header[59];
     a.seed = get_u64(header, 60);
+    a.kmv_threshold = (KmvThreshold)header[62];
     if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Cluster ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
-        header[56] > (int)AttnGradSource::LazyGumbel)
-        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..59)");
+        header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative)
+        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..62)");
     uint64_t n = get_u64(header, 40);
     if (n != num_parameters)
         throw std::runtime_error(path + ": holds optimizer state for " + std::to_string(n) + " parameters, the model has " +

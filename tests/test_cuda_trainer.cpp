@@ -234,6 +234,7 @@ TEST_F(CudaTrainer, Bf16ResumeEqualsUninterruptedRun) {
 TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
     const std::pair<std::string, std::string> cases[] = {
         {" --attn kmv --attn-tail 4", "not available in the CUDA build"},
+        {" --attn kmv --attn-tail 4 --attn-kmv-threshold relative", "not available in the CUDA build"},
         {" --attn knn --attn-index lsh", "not available in the CUDA build"},
         {" --attn knn --attn-index cluster", "not available in the CUDA build"},
         {" --attn knn-tail --attn-k 4 --attn-tail 2 --attn-index lsh", "not available in the CUDA build"},

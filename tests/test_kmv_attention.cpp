@@ -188,8 +188,10 @@ TEST(KmvSelectKeys, MaxKeysAtLeastTEqualsExactAttention) {
         const std::vector<float> qkv = gaussian_qkv(s, stddev, 11);
         std::vector<float> out_exact((size_t)s.B * s.T * s.C), lse_exact((size_t)s.B * s.NH * s.T);
         attention_forward(out_exact.data(), lse_exact.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-        for (int max_keys : {16, 21}) {
+        for (int max_keys : {16, 21})
+        for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
             KmvParams p;
+            p.threshold = threshold;
             const Lists l = select(qkv, s, max_keys, p);
             for (int b = 0; b < s.B; b++)
                 for (int h = 0; h < s.NH; h++)
@@ -299,6 +301,8 @@ TEST(KmvSelectKeys, ChangingFutureTokensLeavesEarlierListsUnchanged) {
                 max_norm2_after = std::max(max_norm2_after, dot(ha.k_row(j), ha.k_row(j), s.HS()));
             }
     ASSERT_GT(max_norm2_after, max_norm2_before);
+    for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
+    p.threshold = threshold;
     const Lists before = select(qkv, s, max_keys, p), after = select(changed, s, max_keys, p);
     long long later_rows_differing = 0;
     for (int b = 0; b < s.B; b++)
@@ -312,17 +316,20 @@ TEST(KmvSelectKeys, ChangingFutureTokensLeavesEarlierListsUnchanged) {
                 else later_rows_differing += !same;
             }
     EXPECT_GT(later_rows_differing, 0);
+    }
 }
 
 TEST(KmvSelectKeys, SameSeedGivesIdenticalListsOnAnyThreadCountOtherSeedStepOrLayerOtherLists) {
     const Shape s{2, 80, 32, 2};
     const int max_keys = 16;
     const std::vector<float> qkv = gaussian_qkv(s, 0.6, 4);
+    for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
     KmvParams p;
     p.light_samples = 8;
     p.seed = 1234;
     p.step = 3;
     p.layer = 1;
+    p.threshold = threshold;
     const Lists a = select(qkv, s, max_keys, p), again = select(qkv, s, max_keys, p);
     EXPECT_EQ(a.idx, again.idx);
     EXPECT_EQ(a.logw, again.logw);
@@ -341,6 +348,7 @@ TEST(KmvSelectKeys, SameSeedGivesIdenticalListsOnAnyThreadCountOtherSeedStepOrLa
     for (const KmvParams& q : {other_seed, other_step, other_layer}) {
         const Lists b = select(qkv, s, max_keys, q);
         EXPECT_NE(a.idx, b.idx);
+    }
     }
 }
 
@@ -446,8 +454,10 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
     const int HS = s.HS(), max_keys = 10, seeds = 1000;
     // 4 clusters of ~10 keys: the heavy count varies across rows and often exceeds the budget of 6
     const std::vector<float> qkv = planted_qkv(s, 4, 17);
+    for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
     KmvParams p;
     p.light_samples = 4;
+    p.threshold = threshold;
     // per (h, i >= max_keys): Z and the HS channels of N, all relative to e^{M_i}
     const int rows = s.T - max_keys, values = 1 + HS;
     std::vector<Moments> moments((size_t)s.NH * rows * values);
@@ -496,9 +506,11 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
         EXPECT_LE(std::fabs(z), 5.0) << "estimate " << e % values << " of row " << e / values;
     }
     const double per_row = (double)seeds * s.NH * rows;
-    std::printf("  %zu estimates (Z and N per row) over %d seeds: max |z| = %.2f; %.2f heavy keys per row, "
-                "%.0f%% of rows at the heavy budget\n",
-                moments.size(), seeds, max_z, heavy / per_row, 100.0 * at_budget / per_row);
+    std::printf("  %s threshold: %zu estimates (Z and N per row) over %d seeds: max |z| = %.2f; %.2f heavy keys "
+                "per row, %.0f%% of rows at the heavy budget\n",
+                threshold == KmvThreshold::Relative ? "relative" : "absolute", moments.size(), seeds, max_z,
+                heavy / per_row, 100.0 * at_budget / per_row);
+    }
 }
 
 namespace {
@@ -550,6 +562,92 @@ TEST(KmvSelectKeys, PlantedStructureHeavySetHasHighRecall) {
     std::printf("  planted data: %lld truly heavy entries over %d seeds, recall %.4f (E2LSH prediction %.4f)\n",
                 truly, seeds, recall, predicted / truly);
     EXPECT_GE(recall, 0.95);
+}
+
+// Relative threshold: heavy iff log K_ij >= (the largest log K over the row's
+// candidates) - alpha log n_i, i.e. s_ij >= s_max - alpha log n_i. On planted data
+// LSH proposes the row's largest key, so the heavy slots are the brute-force set
+// {j <= i : s_ij >= max_j' s_ij' - alpha log n_i}.
+TEST(KmvSelectKeys, RelativeThresholdOnPlantedStructureFindsTheBruteForceRelativeHeavySet) {
+    const Planted f;
+    const Shape& s = f.s;
+    const int seeds = 5;
+    long long rows = 0, matching = 0, heavy = 0;
+    for (int seed = 0; seed < seeds; seed++) {
+        const std::vector<float> qkv = planted_qkv(s, f.clusters, 300 + seed);
+        KmvParams p = f.params();
+        p.seed = 800 + seed;
+        p.threshold = KmvThreshold::Relative;
+        const Lists l = select(qkv, s, f.max_keys, p);
+        const HeadView hv = head_view(qkv, s, 0, 0);
+        const HeadKernel kern(hv, s.T);
+        for (int i = f.max_keys; i < s.T; i++) {
+            const double cut = kern.max_score(hv, i) - p.heavy_alpha * std::log((double)(i + 1));
+            std::vector<int> want, got;
+            for (int j = 0; j <= i; j++)
+                if (kern.score(hv, i, j) >= cut) want.push_back(j);
+            ASSERT_LE((int)want.size(), f.max_keys - p.light_samples) << "fixture stays within the heavy budget";
+            const int* idx = l.idx_row(s, 0, 0, i);
+            const float* logw = l.logw_row(s, 0, 0, i);
+            for (int t = 0; t < f.max_keys && idx[t] >= 0 && logw[t] == 0.0f; t++) got.push_back(idx[t]);
+            for (int j : got) ASSERT_GE(kern.score(hv, i, j), cut - 1e-9) << "row " << i << " key " << j;
+            rows++;
+            matching += got == want;
+            heavy += (long long)got.size();
+        }
+    }
+    std::printf("  relative threshold, planted data: %lld of %lld rows hold exactly the brute-force heavy set, "
+                "%.2f heavy keys per row\n", matching, rows, (double)heavy / rows);
+    EXPECT_GE(matching, (long long)(0.95 * rows));
+}
+
+// Large query and key norms (as in a trained model): the factor
+// exp(-(|q_i|^2 + R_i^2) / (2 sqrt(D))) puts every absolute kernel value below n^-alpha,
+// so the absolute threshold finds no heavy key; the relative one keeps, in every row
+// with a candidate, the candidates within alpha log n_i of the row's largest.
+TEST(KmvSelectKeys, RelativeThresholdKeepsHeavyKeysWhereLargeNormsLeaveTheAbsoluteOneNone) {
+    const Shape s{2, 96, 32, 2};
+    const int max_keys = 16;
+    const std::vector<float> qkv = gaussian_qkv(s, 1.5, 12);
+    KmvParams p;
+    p.light_samples = 8;
+    p.seed = 3;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++) {
+            const HeadView hv = head_view(qkv, s, b, h);
+            const HeadKernel kern(hv, s.T);
+            for (int i = max_keys; i < s.T; i++)
+                for (int j = 0; j <= i; j++) ASSERT_FALSE(truly_heavy(kern, hv, i, j, p.heavy_alpha));
+        }
+    const Lists absolute = select(qkv, s, max_keys, p);
+    EXPECT_EQ(absolute.stats.heavy, 0);
+    p.threshold = KmvThreshold::Relative;
+    const Lists relative = select(qkv, s, max_keys, p);
+    EXPECT_EQ(relative.stats.candidates, absolute.stats.candidates) << "the same hash draws";
+    long long rows_with_heavy = 0;
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < s.NH; h++) {
+            const HeadView hv = head_view(qkv, s, b, h);
+            const HeadKernel kern(hv, s.T);
+            for (int i = max_keys; i < s.T; i++) {
+                const int* idx = relative.idx_row(s, b, h, i);
+                const float* logw = relative.logw_row(s, b, h, i);
+                double top = -1e300, bottom = 1e300;
+                int t = 0;
+                for (; t < max_keys && idx[t] >= 0 && logw[t] == 0.0f; t++) {
+                    top = std::max(top, kern.score(hv, i, idx[t]));
+                    bottom = std::min(bottom, kern.score(hv, i, idx[t]));
+                }
+                if (t == 0) continue;
+                rows_with_heavy++;
+                EXPECT_LE(top - bottom, p.heavy_alpha * std::log((double)(i + 1)) + 1e-9) << "row " << i;
+            }
+        }
+    EXPECT_EQ(relative.stats.heavy > 0, true);
+    EXPECT_GT(rows_with_heavy, 0);
+    std::printf("  stddev 1.5: absolute threshold %lld heavy keys, relative %lld (in %lld of %lld rows), "
+                "%.1f candidates per row\n", absolute.stats.heavy, relative.stats.heavy, rows_with_heavy,
+                relative.stats.rows, (double)relative.stats.candidates / relative.stats.rows);
 }
 
 TEST(KmvSelectKeys, PlantedStructureKernelProductErrorWithinEpsilonInTwoThirdsOfSeeds) {

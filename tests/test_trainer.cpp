@@ -231,6 +231,7 @@ TEST_F(Trainer, EveryAttentionModeTrains) {
         {"--attn knn-tail --attn-k 4 --attn-tail 4", "knn-tail k 4 index brute tail 4"},
         {"--attn gumbel --attn-k 4 --attn-grad sampled", "gumbel k 4"},
         {"--attn kmv --attn-k 4 --attn-tail 4", "kmv k 4"},
+        {"--attn kmv --attn-k 4 --attn-tail 4 --attn-kmv-threshold relative", "light 4 threshold relative"},
         {"--attn exact --attn-grad sampled --attn-grad-samples 8", "exact, grad sampled s 8 exact-row"},
         {"--attn knn --attn-k 4 --attn-grad sampled --attn-grad-dv signed", "lazy-gumbel signed-dv"},
     };
@@ -287,6 +288,8 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
         {"--attn knnn", "unknown attention mode 'knnn'"},
         {"--attn knn --attn-k 0", "--attn-k must be >= 1"},
         {"--attn knn --attn-tail 4", "--attn-tail needs --attn knn-tail or kmv"},
+        {"--attn knn --attn-kmv-threshold relative", "--attn-kmv-threshold relative needs --attn kmv"},
+        {"--attn kmv --attn-tail 4 --attn-kmv-threshold row", "unknown threshold 'row'"},
         {"--attn knn-tail --attn-tail -1", "--attn-tail must be >= 0"},
         {"--attn knn --attn-index kdtree", "unknown index 'kdtree'"},
         {"--attn-grad approximate", "unknown gradient mode 'approximate'"},

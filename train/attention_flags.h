@@ -26,6 +26,7 @@ struct AttnFlags {
     std::string grad_dv = "rowwise";     // --attn-grad-dv
     int gumbel_groups = 3;               // --attn-gumbel-groups
     int gumbel_samples = 8;              // --attn-gumbel-samples
+    std::string kmv_threshold = "absolute";  // --attn-kmv-threshold
     uint64_t seed = 0;                   // --attn-seed
     std::string eval;                    // --attn-eval
 };
@@ -56,6 +57,11 @@ inline AttnGradSource parse_attn_grad_source(const std::string& name) {
     if (name == "lazy-gumbel") return AttnGradSource::LazyGumbel;
     throw std::runtime_error("--attn-grad-source: unknown source '" + name + "' (known: auto, exact-row, lazy-gumbel)");
 }
+inline KmvThreshold parse_attn_kmv_threshold(const std::string& name) {
+    if (name == "absolute") return KmvThreshold::Absolute;
+    if (name == "relative") return KmvThreshold::Relative;
+    throw std::runtime_error("--attn-kmv-threshold: unknown threshold '" + name + "' (known: absolute, relative)");
+}
 inline bool parse_attn_grad_dv(const std::string& name) {
     if (name == "rowwise") return false;
     if (name == "signed") return true;
@@ -78,6 +84,9 @@ inline void check_attn_config(const AttnConfig& a) {
                                      attn_mode_name(a.mode) + ")");
         case AttnProblem::KmvWithoutLightSamples:
             throw std::runtime_error("--attn kmv needs --attn-tail >= 1 light samples per query");
+        case AttnProblem::KmvThresholdWithoutKmv:
+            throw std::runtime_error(std::string("--attn-kmv-threshold relative needs --attn kmv (the mode is ") +
+                                     attn_mode_name(a.mode) + ")");
         case AttnProblem::GradSamplesBelowOne:
             throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
         case AttnProblem::GumbelCountsBelowOne:
@@ -111,6 +120,7 @@ inline AttnConfig attn_config_from_flags(const AttnFlags& f) {
     a.grad_signed_dv = parse_attn_grad_dv(f.grad_dv);
     a.gumbel_groups = f.gumbel_groups;
     a.gumbel_samples = f.gumbel_samples;
+    a.kmv_threshold = parse_attn_kmv_threshold(f.kmv_threshold);
     a.seed = f.seed;
     check_attn_config(a);
     return a;
@@ -132,6 +142,7 @@ inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std
         size_t colon = spec.find(':');
         a.mode = parse_attn_mode(spec.substr(0, colon));
         if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
+        if (a.mode != AttnMode::Kmv) a.kmv_threshold = KmvThreshold::Absolute;
         if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
         while (colon != std::string::npos) {
             size_t next = spec.find(':', colon + 1);

@@ -109,6 +109,8 @@ Attention
   --attn-grad-dv V rowwise (default) or signed: the signed-start one-pass dV estimator
   --attn-gumbel-groups R  median-of-means groups for gumbel (default 3)
   --attn-gumbel-samples N samples per group for gumbel (default 8)
+  --attn-kmv-threshold TH which keys kmv counts as heavy: absolute (K_ij >= n^-alpha, the paper's; default)
+                   or relative (K_ij >= n^-alpha times the largest kernel value among the row's candidates)
   --attn-seed N    seed of every attention random draw (Philox; default 0)
   --attn-eval LIST also report the validation loss under other attention settings, a comma-separated
                    list of MODE[:k=K][:m=M][:index=I] (e.g. exact,knn:k=8,knn-tail:k=8:m=8)
@@ -242,6 +244,7 @@ static Options parse_args(int argc, char** argv) {
         {"--attn-grad-source", text(&o.attn.grad_source)}, {"--attn-grad-dv", text(&o.attn.grad_dv)},
         {"--attn-gumbel-groups", integer(&o.attn.gumbel_groups)},
         {"--attn-gumbel-samples", integer(&o.attn.gumbel_samples)},
+        {"--attn-kmv-threshold", text(&o.attn.kmv_threshold)},
         {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn.seed = (uint64_t)parse_long(f, v); }},
         {"--attn-eval", text(&o.attn.eval)},
         {"-z", integer(&o.zero_stage)}, {"-pi", text(&o.comm.init_method)}, {"-pn", integer(&o.comm.num_processes)},

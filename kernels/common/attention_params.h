@@ -27,11 +27,17 @@ struct LshParams {
     int layer = 0;
 };
 
+// Which kernel entries count as heavy (ALGORITHMS.md §7.4): Absolute is [P2]'s
+// K_ij >= n_i^-alpha; Relative (ours) is K_ij >= n_i^-alpha times the largest
+// kernel value among the row's LSH candidates.
+enum class KmvThreshold { Absolute, Relative };
+
 struct KmvParams {
     int num_tables = 8;      // LSH tables (L)
     int num_bits = 6;        // hash functions concatenated per table
     int light_samples = 16;  // m, light samples per estimated row
-    float heavy_alpha = 1.0f / 3;  // heavy threshold K_ij >= n_i^-alpha
+    float heavy_alpha = 1.0f / 3;  // heavy threshold: K_ij >= n_i^-alpha (times the row's largest, Relative)
+    KmvThreshold threshold = KmvThreshold::Absolute;
     uint64_t seed = 1;
     uint32_t step = 0;
     int layer = 0;

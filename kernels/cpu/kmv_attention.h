@@ -19,6 +19,12 @@
 //   j in H_i  <=>  j <= i, LSH proposed j for i, and log K_ij >= -alpha log(n_i).
 // Every proposal is checked exactly, so H_i holds only heavy keys; LSH decides
 // which heavy keys are found (recall), never which light keys are let in.
+// KmvThreshold::Relative (ours, not [P2]'s) measures from the row's largest
+// candidate instead: with c_i the LSH candidates of row i,
+//   j in H_i  <=>  j in c_i and log K_ij >= max_{j' in c_i} log K_ij' - alpha log(n_i),
+// i.e. s_ij >= max_{c_i} s - alpha log n_i: the per-row factor S_i drops out, so
+// the test no longer depends on |q_i| and R_i. H_i stays a function of the hash
+// draws and the data, so the light part stays unbiased.
 //
 // FindHeavy by E2LSH (p-stable projections) on the padded vectors: hash
 // function f is h_f(x) = floor((a_f . x + b_f) / w), a_f ~ N(0, I_{D+1}),
@@ -33,9 +39,13 @@
 // is found with probability >= 1 - (1 - 1/L)^L >= 1 - 1/e over L = num_tables
 // tables, and heavier (closer) pairs more often — the "collide with
 // probability ~ n^-alpha per table, n^alpha tables" of §7.4 with the table count
-// given. The padded coordinate depends on R_i, so the key buckets are rebuilt
-// at every row where the prefix maximum of |k_j| grows (O(log T) times for
-// keys in random order; up to T times if key norms only grow).
+// given. The tables are built once per (b, h) and extended causally: key i
+// joins its buckets just before query i looks, so a bucket holds exactly the
+// keys j <= i. The padded coordinate depends on R_i, so at a row where the
+// prefix maximum of |k_j| grows the buckets are cleared and keys 0..i hashed
+// again (O(log T) such rows for keys in random order, the prefix maxima of an
+// exchangeable sequence; up to T if key norms only grow). The candidate sets
+// are those of hashing every row's keys afresh with its own R_i.
 //
 // ApproxLight: uniform sampling without replacement over the light keys
 // L_i = {0..i} \ H_i (the "uniform, weight |L_i| / m" option). [P2] samples
@@ -78,8 +88,11 @@
 // entries with n = T: c^ = (sum_all - sum_top_n) / sum_top_n; and the same on the
 // raw A_ij = exp(s_ij). Sums are taken relative to the largest entry, in double.
 //
-// Work per (b, h): hashing O(T L num_bits D) plus O(L T log T) per rebuild;
-// per row O(candidates D + m (Philox + log m)); no T x T buffer.
+// Work per (b, h): projections O(T L num_bits D), O(i L num_bits) hashing per
+// rebuild at row i; per row O(L num_bits + bucket entries + candidates D +
+// m (Philox + log m)); no T x T buffer. Where nearly every entry is heavy (a
+// flat kernel, assumption A failing: ĉ grows like n) each table proposes a
+// constant fraction of the prefix and the work is O(T^2 D), like exact attention.
 // measure_assumption_a is O(T^2 D) with a T (T + 1) / 2 buffer (a diagnostic).
 // OpenMP over (b, h); all draws are pure functions of the site, so the lists do
 // not depend on the thread count.
@@ -102,6 +115,7 @@
 namespace knngpt::cpu {
 
 using knngpt::KmvParams;
+using knngpt::KmvThreshold;
 
 // Counts over the rows with n_i > max_keys (exact rows are not counted).
 struct KmvStats {
@@ -109,6 +123,7 @@ struct KmvStats {
     long long light_samples = 0;  // light samples placed
     long long rows = 0;           // rows estimated (heavy + light)
     long long candidates = 0;     // distinct causal LSH candidates checked exactly
+    long long table_builds = 0;   // (re)builds of the hash tables, over the heads (one per growth of R_i)
 };
 
 // ĉ of assumption A on the kernel matrix (§7.3) and on the raw attention A (§7.7).
@@ -202,71 +217,127 @@ inline double kmv_dot(const float* a, const float* b, int n) {
     return sum;
 }
 
+// The same dot product as 8 interleaved partial sums (lane c % 8), added in a
+// fixed order: it vectorises, and differs from kmv_dot by rounding only.
+inline double kmv_dot_lanes(const float* a, const float* b, int n) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int l = 0; l < 8; l++) lane[l] += (double)a[c + l] * (double)b[c + l];
+    for (; c < n; c++) lane[c % 8] += (double)a[c] * (double)b[c];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+// Per-table bucket chains over the keys inserted so far: an open-addressing map
+// from bucket id to the first and last key of a chain, next_key[j] linking the
+// keys of one bucket in the order they were inserted (ascending j).
+struct KmvBucketTable {
+    int capacity_mask = 0;
+    std::vector<uint64_t> id;
+    std::vector<int> first, last;  // -1: empty slot
+    std::vector<int> next_key;     // (T), -1 ends a chain
+
+    void reset(int T) {
+        int capacity = 16;
+        while (capacity < 2 * T) capacity *= 2;
+        capacity_mask = capacity - 1;
+        id.assign(capacity, 0);
+        first.assign(capacity, -1);
+        last.assign(capacity, -1);
+        next_key.assign(T, -1);
+    }
+    void clear() { std::fill(first.begin(), first.end(), -1); }
+    int slot_of(uint64_t bucket) const {  // its slot, or the empty slot where it would go
+        int s = (int)(bucket & (uint64_t)capacity_mask);
+        while (first[s] >= 0 && id[s] != bucket) s = (s + 1) & capacity_mask;
+        return s;
+    }
+    void append(uint64_t bucket, int j) {
+        const int s = slot_of(bucket);
+        next_key[j] = -1;
+        if (first[s] < 0) {
+            id[s] = bucket;
+            first[s] = j;
+        } else {
+            next_key[last[s]] = j;
+        }
+        last[s] = j;
+    }
+    int chain(uint64_t bucket) const { return first[slot_of(bucket)]; }  // -1 when empty
+};
+
 // FindHeavy's candidate stage for one head. q and k point at row 0 of the
 // head's query and key channels, rows `stride` floats apart. key_norm2[j] =
 // |k_j|^2 and prefix_radius2[i] = R_i^2. For each query i in [first_row, T)
 // calls visit(i, candidates): the distinct keys j <= i that share a bucket with
-// q'_i in some table (in table order, then ascending j). Returns nothing; the
-// visitor does the exact check.
+// q'_i in some table (in table order, then ascending j). The tables are built
+// once and extended causally: before query i, key i is appended (its bucket
+// chains hold exactly the keys j <= i); only at a row where R_i grows are they
+// cleared and keys 0..i appended again with the new padding. Returns the number
+// of such (re)builds.
 template <class Visit>
-inline void kmv_lsh_candidates(const float* q, const float* k, int stride, int T, int HS,
-                               const double* key_norm2, const double* prefix_radius2,
-                               const KmvHashFamily& family, int first_row, Visit&& visit) {
-    if (first_row >= T) return;
+inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T, int HS, const double* key_norm2,
+                              const double* prefix_radius2, const KmvHashFamily& family, int first_row,
+                              Visit&& visit) {
+    if (first_row >= T) return 0;
     const int L = family.num_tables, nb = family.num_bits, F = L * nb, dim = family.dim;
-    // projections of the unpadded parts: a_f[:HS] . k_j for every key, a_f[:HS] . q_i for queried rows
+    // a_f[:HS] . x for every key and every queried row; the sum over c runs in
+    // ascending c for each f, written with f innermost so that it vectorises
+    std::vector<double> direction_t((size_t)HS * F);  // (HS, F)
+    for (int f = 0; f < F; f++)
+        for (int c = 0; c < HS; c++) direction_t[(size_t)c * F + f] = family.direction[(size_t)f * dim + c];
     std::vector<double> key_proj((size_t)T * F), query_proj((size_t)T * F);
-    for (int j = 0; j < T; j++) {
-        for (int f = 0; f < F; f++) {
-            const double* a = family.direction.data() + (size_t)f * dim;
-            double kp = 0.0, qp = 0.0;
-            for (int c = 0; c < HS; c++) kp += a[c] * (double)k[(size_t)j * stride + c];
-            key_proj[(size_t)j * F + f] = kp;
-            if (j >= first_row) {
-                for (int c = 0; c < HS; c++) qp += a[c] * (double)q[(size_t)j * stride + c];
-                query_proj[(size_t)j * F + f] = qp;
-            }
+    auto project = [&](double* out, const float* x) {
+        for (int f = 0; f < F; f++) out[f] = 0.0;
+        for (int c = 0; c < HS; c++) {
+            const double xc = (double)x[c];
+            const double* a = direction_t.data() + (size_t)c * F;
+            for (int f = 0; f < F; f++) out[f] += a[f] * xc;
         }
+    };
+    for (int j = 0; j < T; j++) {
+        project(key_proj.data() + (size_t)j * F, k + (size_t)j * stride);
+        if (j >= first_row) project(query_proj.data() + (size_t)j * F, q + (size_t)j * stride);
     }
     std::vector<double> padded(F);
-    std::vector<std::vector<std::pair<uint64_t, int>>> tables(L);  // (bucket id, key), sorted
+    std::vector<KmvBucketTable> tables(L);
+    for (KmvBucketTable& table : tables) table.reset(T);
     std::vector<int> seen_by(T, -1);  // seen_by[j] = the last query that listed j
     std::vector<int> candidates;
     candidates.reserve(T);
-    // segments [s, e) of rows sharing R_i: the padded keys are rebuilt per segment
-    for (int s = 0; s < T;) {
-        int e = s + 1;
-        while (e < T && prefix_radius2[e] == prefix_radius2[s]) e++;
-        if (e <= first_row) { s = e; continue; }
-        const double radius2 = prefix_radius2[s];
-        // keys 0..e-1 (all that rows of this segment can see), padded with sqrt(R^2 - |k_j|^2)
-        for (int t = 0; t < L; t++) tables[t].clear();
-        for (int j = 0; j < e; j++) {
-            const double pad = std::sqrt(std::max(radius2 - key_norm2[j], 0.0));
+    int builds = 0, inserted = 0;
+    double built_radius2 = -1.0;
+    for (int i = first_row; i < T; i++) {
+        if (prefix_radius2[i] != built_radius2) {  // R_i grew: every padded key moves
+            for (KmvBucketTable& table : tables) table.clear();
+            built_radius2 = prefix_radius2[i];
+            inserted = 0;
+            builds++;
+        }
+        for (; inserted <= i; inserted++) {  // keys up to i, padded with sqrt(R_i^2 - |k_j|^2)
+            const int j = inserted;
+            const double pad = std::sqrt(std::max(built_radius2 - key_norm2[j], 0.0));
             for (int f = 0; f < F; f++)
                 padded[f] = key_proj[(size_t)j * F + f] + family.direction[(size_t)f * dim + HS] * pad;
             for (int t = 0; t < L; t++)
-                tables[t].emplace_back(kmv_bucket_id(padded.data() + (size_t)t * nb,
-                                                     family.offset.data() + (size_t)t * nb, nb, family.width), j);
+                tables[t].append(kmv_bucket_id(padded.data() + (size_t)t * nb, family.offset.data() + (size_t)t * nb,
+                                               nb, family.width),
+                                 j);
         }
-        for (int t = 0; t < L; t++) std::sort(tables[t].begin(), tables[t].end());
-        // queries of the segment: q' = [q, 0], so the padded coordinate adds nothing
-        for (int i = std::max(s, first_row); i < e; i++) {
-            candidates.clear();
-            for (int t = 0; t < L; t++) {
-                const uint64_t id = kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
-                                                  family.offset.data() + (size_t)t * nb, nb, family.width);
-                auto it = std::lower_bound(tables[t].begin(), tables[t].end(), std::make_pair(id, 0));
-                for (; it != tables[t].end() && it->first == id && it->second <= i; ++it) {
-                    if (seen_by[it->second] == i) continue;
-                    seen_by[it->second] = i;
-                    candidates.push_back(it->second);
-                }
+        // q' = [q, 0]: the padded coordinate adds nothing
+        candidates.clear();
+        for (int t = 0; t < L; t++) {
+            const uint64_t id = kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
+                                              family.offset.data() + (size_t)t * nb, nb, family.width);
+            for (int j = tables[t].chain(id); j >= 0; j = tables[t].next_key[j]) {
+                if (seen_by[j] == i) continue;
+                seen_by[j] = i;
+                candidates.push_back(j);
             }
-            visit(i, candidates);
         }
-        s = e;
+        visit(i, candidates);
     }
+    return builds;
 }
 
 // The m light keys of one row: a uniform m-subset of L = {0..i} \ heavy by
@@ -313,8 +384,8 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
     const int heavy_budget = K - m;
     const double sqrt_d = std::sqrt((double)HS);
     const double tau = 1.0 / sqrt_d;
-    long long total_heavy = 0, total_light = 0, total_rows = 0, total_candidates = 0;
-    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates)
+    long long total_heavy = 0, total_light = 0, total_rows = 0, total_candidates = 0, total_builds = 0;
+    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates, total_builds)
     {
         std::vector<double> key_norm2(T), query_norm2(T), prefix_radius2(T);
         std::vector<std::pair<double, int>> heavy;  // (log K_ij, j)
@@ -352,21 +423,28 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                 auto estimate_row = [&](int i, const std::vector<int>& candidates) {
                     total_rows++;
                     total_candidates += (long long)candidates.size();
-                    // exact check: log K_ij >= -alpha log(n_i)
-                    const double log_threshold = -(double)p.heavy_alpha * std::log((double)(i + 1));
+                    // exact check of every candidate: log K_ij against the row's threshold
+                    const double alpha_log_n = (double)p.heavy_alpha * std::log((double)(i + 1));
                     const double row_offset = (query_norm2[i] + prefix_radius2[i]) / (2.0 * sqrt_d);
                     const float* q_i = q + (size_t)i * C3;
                     heavy.clear();
+                    double largest = -HUGE_VAL;
                     for (int j : candidates) {
-                        const double log_kernel = tau * kmv_dot(q_i, k + (size_t)j * C3, HS) - row_offset;
-                        if (log_kernel >= log_threshold) heavy.emplace_back(log_kernel, j);
+                        const double log_kernel = tau * kmv_dot_lanes(q_i, k + (size_t)j * C3, HS) - row_offset;
+                        heavy.emplace_back(log_kernel, j);
+                        largest = std::max(largest, log_kernel);
                     }
-                    // over budget: keep the largest kernel values (ties: smaller j)
+                    const double log_threshold =
+                        p.threshold == KmvThreshold::Relative ? largest - alpha_log_n : -alpha_log_n;
+                    heavy.erase(std::remove_if(heavy.begin(), heavy.end(),
+                                               [&](const std::pair<double, int>& e) { return e.first < log_threshold; }),
+                                heavy.end());
+                    // over budget: keep the largest kernel values (ties: smaller j), a total order
                     if ((int)heavy.size() > heavy_budget) {
-                        std::partial_sort(heavy.begin(), heavy.begin() + heavy_budget, heavy.end(),
-                                          [](const std::pair<double, int>& x, const std::pair<double, int>& y) {
-                                              return x.first != y.first ? x.first > y.first : x.second < y.second;
-                                          });
+                        std::nth_element(heavy.begin(), heavy.begin() + heavy_budget, heavy.end(),
+                                         [](const std::pair<double, int>& x, const std::pair<double, int>& y) {
+                                             return x.first != y.first ? x.first > y.first : x.second < y.second;
+                                         });
                         heavy.resize(heavy_budget);
                     }
                     const int num_heavy = (int)heavy.size();
@@ -397,8 +475,8 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     total_heavy += num_heavy;
                     total_light += m;
                 };
-                kmv_lsh_candidates(q, k, C3, T, HS, key_norm2.data(), prefix_radius2.data(), family, K,
-                                   estimate_row);
+                total_builds += kmv_lsh_candidates(q, k, C3, T, HS, key_norm2.data(), prefix_radius2.data(),
+                                                   family, K, estimate_row);
             }
         }
     }
@@ -407,6 +485,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
         stats->light_samples += total_light;
         stats->rows += total_rows;
         stats->candidates += total_candidates;
+        stats->table_builds += total_builds;
     }
 }
 
