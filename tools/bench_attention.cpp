@@ -174,12 +174,16 @@ struct Mode {
     bool k_dependent = true;  // false: the mode ignores k (it runs once per input and n)
 };
 
+AttnConfig attn_config(AttnMode m, ops::TopkIndex index, int k, int tail, AttnGrad grad, int s) {
+    AttnConfig c;
+    c.mode = m, c.k = k, c.index = index, c.tail = tail, c.grad = grad, c.grad_samples = s, c.seed = 1;
+    return c;
+}
+
 // the modes at top-k size k, s gradient samples; exact first
 std::vector<Mode> all_modes(int k, int s) {
     auto mode = [&](const char* name, AttnMode m, ops::TopkIndex index, int tail, AttnGrad grad) {
-        AttnConfig c;
-        c.mode = m, c.k = k, c.index = index, c.tail = tail, c.grad = grad, c.grad_samples = s, c.seed = 1;
-        return Mode{name, c, true};
+        return Mode{name, attn_config(m, index, k, tail, grad, s), true};
     };
     using I = ops::TopkIndex;
     std::vector<Mode> modes = {
@@ -465,12 +469,6 @@ std::vector<float> dq_dv(const std::vector<float>& dqkv, int N) {
     return g;
 }
 
-// One way of computing the gradient: forward (writes out), loss, dO, backward (writes dqkv).
-struct GradMethod {
-    std::string name;
-    AttnConfig cfg;
-};
-
 struct GradStep {
     double loss;
     std::vector<float> dqkv;
@@ -558,27 +556,17 @@ void paper_gradient_experiment(int steps, int s) {
     const int N = 10000;
     const float lr = 0.5f;
     const GradProblem p = make_grad_problem(N, 10000);
-    auto method = [&](const char* name, AttnMode m, ops::TopkIndex index, int k, AttnGrad grad) {
-        AttnConfig c;
-        c.mode = m, c.k = k, c.index = index, c.grad = grad, c.grad_samples = s, c.seed = 1;
-        return GradMethod{name, c};
-    };
+    // exact, then knn forwards (each index, k = 3, 8, 32 and sqrt(N)) with their
+    // exact-through-selection backward, and brute k = sqrt(N) with sampled gradients
     using I = ops::TopkIndex;
     const int sq = (int)std::lround(std::sqrt((double)N));
-    const std::vector<GradMethod> methods = {
-        method("exact fwd + exact bwd", AttnMode::Exact, I::Brute, 1, AttnGrad::Exact),
-        method("knn/brute k=3 + exact bwd", AttnMode::Knn, I::Brute, 3, AttnGrad::Exact),
-        method("knn/cluster k=3 + exact bwd", AttnMode::Knn, I::Cluster, 3, AttnGrad::Exact),
-        method("knn/lsh k=3 + exact bwd", AttnMode::Knn, I::Lsh, 3, AttnGrad::Exact),
-        method("knn/brute k=8 + exact bwd", AttnMode::Knn, I::Brute, 8, AttnGrad::Exact),
-        method("knn/cluster k=8 + exact bwd", AttnMode::Knn, I::Cluster, 8, AttnGrad::Exact),
-        method("knn/lsh k=32 + exact bwd", AttnMode::Knn, I::Lsh, 32, AttnGrad::Exact),
-        method("knn/brute k=32 + exact bwd", AttnMode::Knn, I::Brute, 32, AttnGrad::Exact),
-        method("knn/brute k=100 + exact bwd", AttnMode::Knn, I::Brute, sq, AttnGrad::Exact),
-        method("knn/cluster k=32 + exact bwd", AttnMode::Knn, I::Cluster, 32, AttnGrad::Exact),
-        method("knn/cluster k=100 + exact bwd", AttnMode::Knn, I::Cluster, sq, AttnGrad::Exact),
-        method("knn/brute k=100 + sampled", AttnMode::Knn, I::Brute, sq, AttnGrad::Sampled),
-    };
+    std::vector<Mode> methods = {{"exact fwd + exact bwd", attn_config(AttnMode::Exact, I::Brute, 1, 0, AttnGrad::Exact, s)}};
+    for (int k : {3, 8, 32, sq})
+        for (I index : {I::Brute, I::Cluster, I::Lsh})
+            methods.push_back({std::string("knn/") + attn_index_name(index) + " k=" + std::to_string(k) + " + exact bwd",
+                               attn_config(AttnMode::Knn, index, k, 0, AttnGrad::Exact, s)});
+    methods.push_back({"knn/brute k=" + std::to_string(sq) + " + sampled s=" + std::to_string(s),
+                       attn_config(AttnMode::Knn, I::Brute, sq, 0, AttnGrad::Sampled, s)});
     // the exact gradient at the start, and the paper's estimator's error there
     GradWorkspace ws;
     const GradStep exact0 = grad_step(methods[0].cfg, p, p.qkv, ws, 0);
@@ -603,7 +591,7 @@ void paper_gradient_experiment(int steps, int s) {
            pe[2], "-");
     double exact_ms = NAN, best_ratio = 0, best_err = NAN;
     std::string best;
-    for (const GradMethod& m : methods) {
+    for (const Mode& m : methods) {
         // gradient descent from the same start; the ms of each step, the exact loss at the end
         std::vector<float> qkv = p.qkv;
         std::vector<double> t;
