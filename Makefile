@@ -69,7 +69,7 @@ DEPDIR    := $(BUILD)/deps
 DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
 MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
-.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-parallel clean reference
+.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel clean reference
 
 all: train_gpt_cpu prepare_data
 
@@ -89,7 +89,10 @@ help:
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
 	@echo "  make bench-parallel one process of 2 threads vs two MPI processes of 1 (ZeRO-0, ZeRO-1): tok/s, bytes per step"
-	@echo "  make bench-attention  every attention mode vs exact: time, error, lsh and cluster recall, n = 1K..16K"
+	@echo "  make bench-attention  every attention mode vs exact (one thread): time, ratio, recall, errors, slope,"
+	@echo "                      n = 1K..16K, k = 32 and sqrt(n), uniform, clustered and trained-model inputs,"
+	@echo "                      and the seed paper's forward and gradient experiments (BENCH_TEXT: the text)"
+	@echo "  make bench-model    the small model bench-attention takes its trained-model inputs from"
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), PORTABLE_ARCHFLAGS (default empty: plain x86-64,"
 	@echo "           no AVX or FMA), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
@@ -206,8 +209,23 @@ bench-train: train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops
 bench-parallel: train_gpt_cpu
 	bash tools/bench_parallel.sh
 
-bench-attention: $(BUILD)/bench_attention
-	$(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv
+# bench-attention's trained-model inputs: a GPT of 2 layers and 2 heads of size 64
+# trained for 400 steps at its context T = 1024 on BENCH_TEXT (about 10 minutes on one
+# core), once; the bench takes the q, k, v of each of its layers at n = 1024.
+BENCH_TEXT  ?= data/tinyshakespeare.txt
+BENCH_MODEL := $(BUILD)/bench_model/model_00000400.bin
+$(BENCH_MODEL): | train_gpt_cpu prepare_data
+	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (tools/quickstart.sh fetches tinyshakespeare there; or pass BENCH_TEXT=FILE)"; exit 1; }
+	./prepare_data --input "$(BENCH_TEXT)" --out-dir $(BUILD)/bench_model --name text
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} ./train_gpt_cpu -i $(BUILD)/bench_model/text_train.bin \
+	  -j $(BUILD)/bench_model/text_val.bin --layers 2 --heads 2 --channels 128 -t 1024 -b 4 -x 400 \
+	  -l 2e-3 -u 40 --shuffle 1 -v 0 -m 8 -s 0 -o $(BUILD)/bench_model
+bench-model: $(BENCH_MODEL)
+
+# one thread unless OMP_NUM_THREADS says otherwise (the figures README quotes are one thread's)
+bench-attention: $(BUILD)/bench_attention $(BENCH_MODEL)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv \
+	  --from-checkpoint $(BENCH_MODEL) --data "$(BENCH_TEXT)"
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data
