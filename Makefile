@@ -212,7 +212,7 @@ bench-parallel: train_gpt_cpu
 # bench-attention's trained-model inputs: a GPT of 2 layers and 2 heads of size 64
 # trained for 400 steps at its context T = 1024 on BENCH_TEXT (about 10 minutes on one
 # core), once; the bench takes the q, k, v of each of its layers at n = 1024.
-BENCH_TEXT  ?= data/tinyshakespeare.txt
+BENCH_TEXT  ?= $(or $(KNNGPT_TEXT),data/tinyshakespeare.txt)
 BENCH_MODEL := $(BUILD)/bench_model/model_00000400.bin
 $(BENCH_MODEL): | train_gpt_cpu prepare_data
 	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (tools/quickstart.sh fetches tinyshakespeare there; or pass BENCH_TEXT=FILE)"; exit 1; }
