@@ -1173,9 +1173,25 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     }
 }
 
-// attention_scores<W> (kernels/common/attention_score.h: on an AVX2 host, W = 8 runs the
-// chains in vector lanes over transposed 8-float loads) equals attention_score bit for
-// bit, for every head size, lane count and key stride, the unused lanes included.
+// attention_scores<W> (kernels/common/attention_score.h: on an AVX2 host, W = 8, 16, 24,
+// 32 run the chains in vector lanes over transposed 8-float loads) equals attention_score
+// bit for bit, for every head size, lane count and key stride, the unused lanes included.
+template <int W>
+void expect_scores_equal_one_by_one(const vector<float>& q, const vector<float>& k, int keys, int stride, int HS) {
+    const float tau = knngpt::attention_tau(HS);
+    for (int count = 1; count <= W; count++) {
+        const float* ptrs[W];
+        for (int w = 0; w < W; w++) ptrs[w] = k.data() + (size_t)((w * 7 + count) % keys) * stride;
+        float s[W];
+        knngpt::attention_scores<W>(s, q.data(), ptrs, count, HS, tau);
+        for (int w = 0; w < count; w++) {
+            const float one = knngpt::attention_score(q.data(), ptrs[w], HS, tau);
+            ASSERT_EQ(std::memcmp(&s[w], &one, sizeof one), 0) << "W " << W << ", HS " << HS << ", lane " << w
+                                                               << " of " << count;
+        }
+    }
+}
+
 TEST(AttentionScores, SideBySideChainsEqualOneByOne) {
     std::mt19937 gen(91);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -1184,22 +1200,9 @@ TEST(AttentionScores, SideBySideChainsEqualOneByOne) {
         vector<float> q(HS), k((size_t)keys * stride);
         for (float& x : q) x = normal(gen) * 3.0f;
         for (float& x : k) x = normal(gen);
-        const float tau = knngpt::attention_tau(HS);
-        for (int count = 1; count <= 8; count++) {
-            const float* ptrs8[8];
-            const float* ptrs3[3];
-            for (int w = 0; w < 8; w++) ptrs8[w] = k.data() + (size_t)((w * 7 + count) % keys) * stride;
-            for (int w = 0; w < 3; w++) ptrs3[w] = ptrs8[w];
-            float s8[8], s3[3];
-            knngpt::attention_scores<8>(s8, q.data(), ptrs8, count, HS, tau);
-            knngpt::attention_scores<3>(s3, q.data(), ptrs3, std::min(count, 3), HS, tau);
-            for (int w = 0; w < count; w++) {
-                const float one = knngpt::attention_score(q.data(), ptrs8[w], HS, tau);
-                ASSERT_EQ(std::memcmp(&s8[w], &one, sizeof one), 0) << "HS " << HS << " lane " << w << " of " << count;
-                if (w < 3) {
-                    ASSERT_EQ(std::memcmp(&s3[w], &one, sizeof one), 0) << "W 3, HS " << HS;
-                }
-            }
-        }
+        expect_scores_equal_one_by_one<3>(q, k, keys, stride, HS);
+        expect_scores_equal_one_by_one<8>(q, k, keys, stride, HS);
+        expect_scores_equal_one_by_one<16>(q, k, keys, stride, HS);
+        expect_scores_equal_one_by_one<24>(q, k, keys, stride, HS);
     }
 }

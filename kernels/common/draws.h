@@ -148,7 +148,8 @@ inline bool sampled_grad_draws_fit(int T, int HS, int samples, bool signed_start
 // magnify a relative error of its inputs (`amplification`: n for a sum of n
 // terms, 1 / (1 - p) for log(1 - p), ...). The CPU computes the fp64
 // transcendentals with glibc, a GPU with its own exp and log, which agree to an
-// ulp or two (~1e-16 relative): so a draw whose margin exceeds
+// ulp or two (~1e-16 relative; the lazy Gumbel sampler's per-draw logarithms are
+// sampler_log.h's, the same bits everywhere, and their margins are kept anyway): so a draw whose margin exceeds
 // kDrawMarginOfAgreement picks the same key on every device, and tests that demand
 // equal samples natively check first that every draw clears it (a draw closer
 // than that could go either way; on random inputs that happens with probability

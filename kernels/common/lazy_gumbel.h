@@ -5,8 +5,10 @@
 // and the CUDA kernels (kernels/cuda/gumbel_attention.cuh, sampled_grad.cuh) all call
 // this code, so for the same row and draw site every backend picks the same key.
 // Everything here is KNNGPT_HD (__host__ __device__ under nvcc) and uses only what
-// compiles in both: <cmath>'s log, log1p, expm1, exp, floor; no allocation, no
-// output, no abort. The argument checks live in the host wrapper.
+// compiles in both: <cmath>'s exp, expm1, log1p, log and floor (a few per row or
+// sample) and sampler_log.h's logarithms (every Gumbel, skip and truncated Gumbel, side
+// by side in batches of 8); no allocation, no output, no abort. The argument checks
+// live in the host wrapper.
 //
 // Attention as an expectation (§1): for query i with keys C_i = {0..i},
 //   s_ij = tau q_i . k_j,   P_ij = exp(s_ij) / sum_{l<=i} exp(s_il),   O_i = E_{J~P_i}[v_J].
@@ -59,9 +61,11 @@
 // 2u, the sampled backward (sampled_grad.h) odd numbers 2m + 1, so the backward draws fresh
 // samples (§9.1).
 //
-// Device arithmetic: the fp64 log, log1p, expm1 and exp are CUDA's natively (within
-// an ulp or two of glibc's), so a native pick can differ from the CPU's only when two
-// candidates tie within such an ulp, or a skip lands within one of an integer.
+// Device arithmetic: the per-draw logarithms are sampler_log.h's, the same bits on every
+// device; the few <cmath> calls (exp, expm1, log1p, log of B, p and the head mass) are
+// CUDA's natively (within an ulp or two of glibc's), so a native pick can differ from
+// the CPU's only when two candidates tie within such an ulp, or a skip lands within one
+// of an integer.
 #pragma once
 
 #include <cmath>
@@ -71,6 +75,7 @@
 #include "kernels/common/attention_score.h"
 #include "kernels/common/draws.h"
 #include "kernels/common/hd.h"
+#include "kernels/common/sampler_log.h"
 
 namespace knngpt {
 
@@ -85,7 +90,7 @@ KNNGPT_HD int lazy_gumbel_default_max_exceeders(int tail, int head) {
 }
 
 // Exceeders scored side by side by the tail walk (attention_scores).
-constexpr int kLazyGumbelScoreBatch = 8;
+constexpr int kLazyGumbelScoreBatch = 16;
 
 // Fp64 uniform number d of `purpose` for the sample whose block starts at call `base`.
 KNNGPT_HD double lazy_gumbel_uniform(const DrawSite& site, uint32_t purpose, uint32_t base, int d) {
@@ -166,6 +171,20 @@ KNNGPT_HD int lazy_gumbel_head_pick(const LazyGumbelHead& head, double target, c
     return slot;
 }
 
+// Walk steps whose skip logarithms are drawn together: log u of steps step0 ..
+// step0 + 7 (step0 a multiple of 8) from 4 Philox calls, side by side (a vector loop
+// on the CPU); a walk that ends earlier leaves the rest unused.
+constexpr int kLazyGumbelSkipBatch = 8;
+KNNGPT_HD void lazy_gumbel_skip_logs(double* logs, const DrawSite& site, uint32_t base, int step0) {
+    double u[kLazyGumbelSkipBatch];
+    for (int c = 0; c < kLazyGumbelSkipBatch / 2; c++) {
+        const Philox4 w = philox_draw(site, DRAW_GEOMETRIC_SKIP, base + (uint32_t)(step0 / 2 + c));
+        u[2 * c] = uniform_open01_f64(w.x[0], w.x[1]);  // lazy_gumbel_uniform's pairs
+        u[2 * c + 1] = uniform_open01_f64(w.x[2], w.x[3]);
+    }
+    for (int l = 0; l < kLazyGumbelSkipBatch; l++) logs[l] = sampler_log(u[l]);
+}
+
 // Maps increasing tail positions to keys of C_i \ S_i (ascending), skipping the sorted
 // head keys with a cursor: key = pos + (number of head keys <= key).
 struct LazyGumbelTailCursor {
@@ -206,7 +225,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     int best = -1;
     if (head->count > 0) {
         const Philox4 w = philox_draw(site, DRAW_HEAD_GUMBEL, base);
-        const double g0 = -log(-log(uniform_open01_f64(w.x[0], w.x[1])));
+        const double g0 = -sampler_log(-sampler_log(uniform_open01_f64(w.x[0], w.x[1])));
         const double log_mass = log(head->mass);
         M = head->s_max + log_mass + g0;
         M_magnitude = fabs(head->s_max) + fabs(log_mass) + fabs(g0);
@@ -221,7 +240,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     if (tail > 0 && head_count == 0) {
         // no head set: a plain Gumbel-max over the whole row (tail position = key)
         for (int j = 0; j < n_i; j++) {
-            const double g = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
+            const double g = -sampler_log(-sampler_log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
             if (margin) margin->compare(s + g, M, fmax(fabs(s) + fabs(g), M_magnitude));
             if (s + g > M) { M = s + g; M_magnitude = fabs(s) + fabs(g); best = j; }
@@ -242,26 +261,34 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         // (attention_scores), then compared in walk order: the same samples as one by one.
         int pending_key[kLazyGumbelScoreBatch];
         const float* pending_ptr[kLazyGumbelScoreBatch];
-        double pending_g[kLazyGumbelScoreBatch], pending_amp[kLazyGumbelScoreBatch];
+        double pending_x[kLazyGumbelScoreBatch];  // u expm1(-e^-B) of each exceeder
         int pending = 0;
         auto compare_pending = [&]() {
             if (pending == 0) return;
             float s32[kLazyGumbelScoreBatch];
             attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
+            // the truncated Gumbels side by side (unused lanes: a harmless -1/2)
+            double E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
+            for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(e < pending ? pending_x[e] : -0.5);
+            for (int e = 0; e < kLazyGumbelScoreBatch; e++) g[e] = -sampler_log(E[e]);  // Gumbel truncated to (B, inf)
             for (int e = 0; e < pending; e++) {
-                const double s = s32[e], g = pending_g[e];
-                if (margin) margin->compare(s + g, M, fmax(fabs(s) + fabs(g), M_magnitude), pending_amp[e]);
-                if (s + g > M) { M = s + g; M_magnitude = fabs(s) + fabs(g); best = pending_key[e]; }
+                const double s = s32[e];
+                if (margin) {
+                    // log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
+                    const double x_t = pending_x[e];
+                    const double amplification = fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E[e]));
+                    margin->compare(s + g[e], M, fmax(fabs(s) + fabs(g[e]), M_magnitude), amplification);
+                }
+                if (s + g[e] > M) { M = s + g[e]; M_magnitude = fabs(s) + fabs(g[e]); best = pending_key[e]; }
             }
             pending = 0;
         };
         long long pos = -1;
-        Philox4 skip_pair{};  // the call that holds the uniforms of steps 2c and 2c + 1
+        double skip_logs[kLazyGumbelSkipBatch];  // log u of walk steps step - step % batch ..
         for (int step = 0;; step++) {
-            if ((step & 1) == 0) skip_pair = philox_draw(site, DRAW_GEOMETRIC_SKIP, base + (uint32_t)(step >> 1));
-            const double u = (step & 1) ? uniform_open01_f64(skip_pair.x[2], skip_pair.x[3])
-                                        : uniform_open01_f64(skip_pair.x[0], skip_pair.x[1]);  // lazy_gumbel_uniform
-            const double quotient = log(u) / log_no_exceed;  // +inf when p = 0
+            const int lane = step % kLazyGumbelSkipBatch;
+            if (lane == 0) lazy_gumbel_skip_logs(skip_logs, site, base, step);
+            const double quotient = skip_logs[lane] / log_no_exceed;  // +inf when p = 0
             const double skip = floor(quotient);
             // the walk goes on while quotient < tail - pos - 1 (an integer), and floor picks the position
             if (margin && quotient < (double)(tail - pos)) margin->floor_of(quotient, skip_amplification);
@@ -270,20 +297,18 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             x++;
             const int j = cursor.key((int)pos);
             const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
-            const double x_t = ut * trunc_scale;
-            const double E = -log1p(x_t);  // Exp(1) below e^-B
             pending_key[pending] = j;
             pending_ptr[pending] = keys + (size_t)j * stride;
-            pending_g[pending] = -log(E);  // Gumbel truncated to (B, inf)
-            // margins: log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
-            pending_amp[pending] = margin ? fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E)) : 1.0;
+            attention_prefetch_key(pending_ptr[pending], HS);
+            pending_x[pending] = ut * trunc_scale;  // E = -log1p(x) is Exp(1) below e^-B
             if (++pending == kLazyGumbelScoreBatch) compare_pending();
             if (x > max_exceeders) {
                 compare_pending();
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
-                    const double gr = -log(-log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
+                    const double gr =
+                        -sampler_log(-sampler_log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
                     if (margin) margin->compare(gr, B, fabs(gr) + M_magnitude + fabs(s_min));
                     if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
                     x++;
