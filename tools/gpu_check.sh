@@ -248,8 +248,8 @@ fi
 
 # ---- compute-sanitizer on the attention, top-k and sampled-gradient tests
 sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v "${NVCC:-nvcc}")")/compute-sanitizer")
-sanitizer_figure() { grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$1" | sort | uniq -c | sed -E 's/^ +//' | tr '\n' ';' |
-                     sed 's/;$//'; }
+sanitizer_figure() { grep -hoE '(ERROR|RACECHECK) SUMMARY: .*' "$1" | sort | uniq -c |
+                     sed -E 's/^ *([0-9]+) (.*)/\2 (x\1)/' | tr '\n' ';' | sed 's/;$//; s/;/; /g'; }
 # sanitize TOOL: the three tests under compute-sanitizer --tool TOOL, one after another
 sanitize() {
   local tool=$1 rc=0 b
