@@ -126,7 +126,7 @@ TEST(EmuSharedMemory, DynamicSharedMemoryAbove48KiBNeedsTheOptIn) {
     const size_t bytes = 32 * 1000 * sizeof(int);  // 128 000 bytes
     DeviceArray<int> out(2 * 32);
     EXPECT_EXIT(launch(fill_with_block_index, 2, 32, bytes, nullptr, out.ptr), testing::ExitedWithCode(1),
-                "CUDA error: invalid argument");
+                "CUDA error in kernel fill_with_block_index: invalid argument");
     CUDA_CHECK(cudaFuncSetAttribute(fill_with_block_index, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     launch(fill_with_block_index, 2, 32, bytes, nullptr, out.ptr);
     const std::vector<int> got = out.to_host();
@@ -676,9 +676,30 @@ TEST(EmuDeathTest, CudaCheckOnAFailingCallPrintsOneLineAndExits) {
         testing::ExitedWithCode(1), "^[^\n]*test_emu\\.cpp:[0-9]+: CUDA error: out of memory\n$");
 }
 
-TEST(EmuDeathTest, LaunchWithTooManyThreadsFailsThroughCudaCheck) {
+// (the note on earlier kernels is left out where CUDA_LAUNCH_BLOCKING=1 is set)
+TEST(EmuDeathTest, LaunchWithTooManyThreadsFailsNamingTheKernel) {
     EXPECT_EXIT(launch(do_nothing, 1, 2048, 0, nullptr), testing::ExitedWithCode(1),
-                "^[^\n]*test_emu\\.cpp:[0-9]+: CUDA error: invalid configuration argument\n$");
+                "^[^\n]*test_emu\\.cpp:[0-9]+: CUDA error in kernel do_nothing: invalid configuration argument"
+                "( \\(or in an earlier kernel still running: CUDA_LAUNCH_BLOCKING=1 names the one\\))?\n$");
+}
+
+// The kernel of a launch text is its first top-level item, template
+// arguments (with their own commas) included.
+TEST(EmuLaunchText, KernelIsTheFirstItemOutsideBrackets) {
+    using knngpt::cuda::kernel_expression;
+    EXPECT_EQ(kernel_expression("do_nothing, 1, 2048, 0, nullptr"), "do_nothing");
+    EXPECT_EQ(kernel_expression(" tiled_kernel<Tiles<64, 2>, true>, grid, block, 0, nullptr, q"),
+              "tiled_kernel<Tiles<64, 2>, true>");
+    EXPECT_EQ(kernel_expression("kernels[i], grid"), "kernels[i]");
+    EXPECT_EQ(kernel_expression(", grid"), "?");
+}
+
+// With blocking launches (CUDA_LAUNCH_BLOCKING=1) the error is the kernel's
+// own, and the line says nothing of earlier kernels.
+TEST(EmuLaunchText, BlockingLaunchErrorNamesOnlyTheKernel) {
+    EXPECT_EQ(knngpt::cuda::launch_error_message("kernels/cuda/x.cuh", 12, "scatter_kernel<4>, grid, 64, 0, nullptr, p",
+                                                 "an illegal memory access was encountered", true),
+              "kernels/cuda/x.cuh:12: CUDA error in kernel scatter_kernel<4>: an illegal memory access was encountered");
 }
 
 TEST(EmuRuntime, MemoryRoundTripsThroughMallocMemcpyAndMemset) {

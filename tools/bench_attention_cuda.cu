@@ -17,13 +17,26 @@
 // reports: forward 4 B NH T^2 HS / 2 (two T x T x HS products, half masked),
 // backward 2.5 times the forward.
 //
-// Output, one line per configuration, then the reference forward's time as a ratio:
+// Check, first, for each HS at T = 1024 (B = 16, NH = 16, the inputs above):
+// every kernel's output against the one-warp-per-row reference kernels
+// (attention_forward_reference, attention_backward_reference, fp32), as the
+// largest absolute difference of out, lse and dqkv (the backward from
+// dqkv = 0), with the largest reference entry for scale:
+//   check T=1024 HS=64 max_abs_err tiled_out=... tiled_lse=... tiled_dqkv=...
+//     bf16_out=... bf16_lse=... bf16_dqkv=... max_ref out=... lse=... dqkv=... ok   (same line)
+// "ok" where each error is within its bound relative to the largest reference
+// entry, else "FAIL"; the bounds are those of the tests, widened for T = 1024:
+//   tiled (fp32, other summation order and expf)  1e-4 (tests: 1e-5 at T <= 130)
+//   bf16 (bf16 q, k, v, P and dO)                 2e-2 (tests: 1e-2, seen 2.5e-3 .. 4.5e-3)
+// Then the timings, one line per configuration, then the reference forward's
+// time as a ratio:
 //   attention T=1024 HS=64 B=16 NH=16 fwd_ms=... fwd_TFLOPs=... bwd_ms=... bwd_TFLOPs=...
 //     bf16_fwd_ms=... bf16_fwd_TFLOPs=... bf16_bwd_ms=... bf16_bwd_TFLOPs=...   (same line)
 //   ratio tiled/reference fwd=... (reference fwd_ms=...)
-// Without a CUDA device it prints "no CUDA device: attention benchmark skipped"
-// and exits 0.
+// Exit status 1 if a check failed (after all timings), else 0. Without a CUDA
+// device it prints "no CUDA device: attention benchmark skipped" and exits 0.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -120,6 +133,81 @@ void bench_config(int T, int HS) {
     CUDA_CHECK(cudaFree(dqkv));
 }
 
+// Largest |a - b| over n device floats, and the largest |b|.
+struct Difference {
+    double max_abs = 0.0, max_ref = 0.0;
+};
+Difference device_difference(const float* a, const float* b, size_t n) {
+    std::vector<float> ha(n), hb(n);
+    CUDA_CHECK(cudaMemcpy(ha.data(), a, n * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hb.data(), b, n * sizeof(float), cudaMemcpyDeviceToHost));
+    Difference d;
+    for (size_t i = 0; i < n; i++) {
+        d.max_abs = std::max(d.max_abs, (double)std::fabs(ha[i] - hb[i]));
+        d.max_ref = std::max(d.max_ref, (double)std::fabs(hb[i]));
+    }
+    return d;
+}
+
+constexpr double kTiledBound = 1e-4, kBf16Bound = 2e-2;  // relative to the largest reference entry (header)
+
+// The check of the header at T = 1024 for head size HS; returns whether it passed.
+bool check_config(int HS) {
+    constexpr int T = 1024, NH = 16, B = 16;
+    const int C = NH * HS;
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    float* qkv = device_uniform(n_qkv, 1);
+    float* dout = device_uniform(n_out, 2);
+    // [0] the reference, [1] the kernel under test
+    float *out[2], *lse[2], *dqkv[2];
+    for (int r = 0; r < 2; r++) {
+        CUDA_CHECK(cudaMalloc(&out[r], n_out * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&lse[r], n_lse * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&dqkv[r], n_qkv * sizeof(float)));
+    }
+    CUDA_CHECK(cudaMemset(dqkv[0], 0, n_qkv * sizeof(float)));
+    knngpt::cuda::attention_forward_reference(out[0], lse[0], qkv, B, T, C, NH);
+    knngpt::cuda::attention_backward_reference(dqkv[0], dout, qkv, out[0], lse[0], B, T, C, NH);
+
+    // each kernel pair's out, lse and dqkv against the reference's; the
+    // backward reads the pair's own forward, as in training
+    const auto compare = [&](bool bf16, Difference diff[3]) {
+        CUDA_CHECK(cudaMemset(dqkv[1], 0, n_qkv * sizeof(float)));
+        if (bf16) {
+            knngpt::cuda::attention_forward_bf16(out[1], lse[1], qkv, B, T, C, NH);
+            knngpt::cuda::attention_backward_bf16(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
+        } else {
+            knngpt::cuda::attention_forward(out[1], lse[1], qkv, B, T, C, NH);
+            knngpt::cuda::attention_backward(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
+        }
+        diff[0] = device_difference(out[1], out[0], n_out);
+        diff[1] = device_difference(lse[1], lse[0], n_lse);
+        diff[2] = device_difference(dqkv[1], dqkv[0], n_qkv);
+    };
+    Difference tiled[3], bf16[3];
+    compare(false, tiled);
+    compare(true, bf16);
+    bool ok = true;
+    for (int i = 0; i < 3; i++) {
+        ok = ok && tiled[i].max_abs <= kTiledBound * tiled[i].max_ref;
+        ok = ok && bf16[i].max_abs <= kBf16Bound * bf16[i].max_ref;
+    }
+    std::printf("check T=%d HS=%d max_abs_err tiled_out=%.3g tiled_lse=%.3g tiled_dqkv=%.3g bf16_out=%.3g "
+                "bf16_lse=%.3g bf16_dqkv=%.3g max_ref out=%.3g lse=%.3g dqkv=%.3g %s\n",
+                T, HS, tiled[0].max_abs, tiled[1].max_abs, tiled[2].max_abs, bf16[0].max_abs, bf16[1].max_abs,
+                bf16[2].max_abs, tiled[0].max_ref, tiled[1].max_ref, tiled[2].max_ref, ok ? "ok" : "FAIL");
+    std::fflush(stdout);
+
+    CUDA_CHECK(cudaFree(qkv));
+    CUDA_CHECK(cudaFree(dout));
+    for (int r = 0; r < 2; r++) {
+        CUDA_CHECK(cudaFree(out[r]));
+        CUDA_CHECK(cudaFree(lse[r]));
+        CUDA_CHECK(cudaFree(dqkv[r]));
+    }
+    return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,9 +230,12 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     std::printf("device: %s\n", prop.name);
 
+    bool checks_passed = true;
+    for (int HS : {64, 128}) checks_passed = check_config(HS) && checks_passed;
     const std::vector<int> full_ts = {1024, 2048, 4096, 8192, 16384}, quick_ts = {1024, 4096};
     for (int HS : {64, 128}) {
         for (int T : quick ? quick_ts : full_ts) bench_config(T, HS);
     }
-    return 0;
+    if (!checks_passed) std::printf("attention check: FAIL (a kernel differs from the reference beyond its bound)\n");
+    return checks_passed ? 0 : 1;
 }

@@ -1,150 +1,361 @@
 #!/usr/bin/env bash
-# The one script to run on a machine with an NVIDIA GPU. It finishes in under
-# 8 minutes: every stage has a time limit (build 150 s, tests 80 s, training
-# 90 s + 2 x 40 s, benchmark 70 s; an H100-class machine should need far less):
-#   1. builds train_gpt, the native CUDA tests and the attention benchmark (nvcc);
-#   2. runs the CUDA kernel tests natively, and 3 steps of train_gpt against
-#      train_gpt_cpu (needs g++, GoogleTest and OpenBLAS; skipped, saying so,
-#      where they are missing);
-#   3. trains GPT-2 124M shapes (random init, B 16, T 1024) for 20 steps and
-#      prints tok/s and MFU; then 3 steps each with knn attention and with
-#      sampled gradients, for their tok/s;
-#   4. runs the attention kernel benchmark (exact attention forward/backward
-#      TFLOP/s, T = 1K..16K, head size 64 and 128);
-# and ends with a short summary. Exit status 0 only if every stage that ran passed.
+# The one script to run on a machine with an NVIDIA GPU:
 #
-#   bash tools/gpu_check.sh [TEXT_FILE]
+#   bash tools/gpu_check.sh [OUTDIR [TEXT_FILE]]        (OUTDIR: default build/gpu_check)
 #
-# The text for the training run: TEXT_FILE, else $KNNGPT_TEXT, else 4 MB of
-# generated text (the run measures speed; its tokens are byte-level, trained
-# with the GPT-2 vocabulary of 50257 so the shapes are GPT-2's).
+# It runs these stages in order, each with its own time limit, each whatever
+# failed before it (a stage whose program is missing says SKIP and why):
+#   build-trainer   make train_gpt and the attention benchmark (nvcc, the GPU's own architecture only)
+#   build-tests     make -k the native CUDA tests, both precisions of train_gpt, train_gpt_cpu,
+#                   prepare_data, test_cuda_trainer (g++, GoogleTest, OpenBLAS): what builds is run
+#   native-tests    the native CUDA tests that built, and the two trainers against train_gpt_cpu
+#   racecheck       compute-sanitizer --tool racecheck   on the attention, top-k (knn) and
+#   synccheck       compute-sanitizer --tool synccheck   sampled-gradient tests
+#   train-exact     GPT-2 124M shapes (random init, B 16, T 1024), 20 steps: median ms/step, tok/s, MFU
+#   train-knn       the same, 3 steps, --attn knn --attn-k 16 (brute top-k)
+#   train-sampled   the same, 3 steps, --attn-grad sampled --attn-grad-samples 16
+#   nccl-world1     data parallel through NCCL, one process (mpirun -np 1, ZeRO-1), 5 steps
+#   nccl-worldN     the same on every GPU of the machine (SKIP with one GPU)
+#   bench-attention tools/bench_attention_cuda.cu: each kernel checked against the reference
+#                   kernels at T = 1024 (max abs error), then exact attention TFLOP/s
+# A GPU stage that fails (not by its time limit) runs once more with
+# CUDA_LAUNCH_BLOCKING=1, where a CUDA error names the kernel that caused it
+# (kernels/cuda/common.cuh); its first CUDA error line goes to the summary.
+#
+# Time. Every stage's limit is its own (below) or less: the whole run keeps to
+# GPU_CHECK_BUDGET_S seconds (default 470, under 8 minutes), and a stage never
+# takes the last 15 s each of the stages after it would need to start. On an
+# H200 with everything passing the stages are meant to take under 5 minutes
+# (the builds most of it; not yet measured).
+#
+# Output. Each stage writes OUTDIR/<stage>.log (a rerun <stage>_blocking.log).
+# The summary, one line per stage ("PASS|FAIL|SKIP  stage  figure"), is
+# rewritten to OUTDIR/summary.txt after every stage and printed at the end,
+# also when a stage fails or the script is interrupted (Ctrl-C, SIGTERM: the
+# running stage is stopped, the stages not reached are listed as SKIP).
+# Exit status 0 only if no stage failed.
+#
+# Environment:
+#   GPU_CHECK_BUDGET_S   the time budget of the whole run, seconds (default 470)
+#   GPU_CHECK_MAKE_ARGS  extra make arguments for both builds, e.g. BLAS_DIR=/usr/lib64 on a
+#                        non-Debian layout (word-split)
+#   CUDA_ARCHS           nvcc's -gencode flags (default: the GPU's compute capability)
+#   NVCC, KNNGPT_TEXT    nvcc; the text for the training runs (else TEXT_FILE, else 4 MB of
+#                        generated text: the runs measure speed; byte-level tokens, trained with
+#                        the GPT-2 vocabulary of 50257 so the shapes are GPT-2's)
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-out=build/gpu_check
-mkdir -p "$out"
-jobs=$(nproc)
-summary=()
-status=0
-note() { summary+=("$1"); }
-fail() { summary+=("FAIL: $1"); status=1; }
-stage() { echo; echo "==== $1 ($(date +%T))"; }
+case "${1:-}" in
+  -h | --help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+out=${1:-build/gpu_check}
+text=${2:-${KNNGPT_TEXT:-}}
+mkdir -p "$out" || { echo "gpu_check: cannot create $out"; exit 2; }
+out=$(cd "$out" && pwd)
+if [ -n "$text" ]; then
+  [ -r "$text" ] || { echo "gpu_check: cannot read the text file $text"; exit 2; }
+  text=$(cd "$(dirname "$text")" && pwd)/$(basename "$text")
+fi
+cd "$(dirname "$0")/.." || exit 2
 
-stage "device"
-if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
-  echo "gpu_check: no NVIDIA GPU found (nvidia-smi lists none): nothing to check here"
+budget=${GPU_CHECK_BUDGET_S:-470}
+case "$budget" in '' | *[!0-9]*) echo "gpu_check: GPU_CHECK_BUDGET_S must be a whole number of seconds"; exit 2 ;; esac
+started=$(date +%s)
+deadline=$((started + budget))
+jobs=$(nproc)
+make_args=(${GPU_CHECK_MAKE_ARGS:-})
+stages=(device build-trainer build-tests native-tests racecheck synccheck train-exact train-knn train-sampled
+        nccl-world1 nccl-worldN bench-attention)
+declare -A result=()   # stage -> its summary line
+details=()             # lines printed under the summary (the benchmark's figures)
+failed=0
+child=""               # the running stage's timeout process
+
+write_summary() {
+  local s
+  {
+    for s in "${stages[@]}"; do
+      if [ -n "${result[$s]:-}" ]; then echo "${result[$s]}"; else printf '%-4s  %-15s %s\n' SKIP "$s" "${1:-not reached}"; fi
+    done
+    printf '%s\n' "${details[@]}"
+    echo "total $(( $(date +%s) - started )) s of the ${budget} s budget"
+  } > "$out/summary.txt"
+}
+# record STATUS STAGE FIGURE
+record() {
+  result[$2]=$(printf '%-4s  %-15s %s' "$1" "$2" "$(echo "$3" | tr '\n' ' ' | sed 's/ *$//')")
+  [ "$1" = FAIL ] && failed=1
+  write_summary
+}
+finish() {
+  local rc=$?
+  trap - EXIT INT TERM
+  write_summary "${interrupted:+not reached (interrupted)}"
+  echo
+  echo "==== summary ($out/summary.txt)"
+  cat "$out/summary.txt"
+  if [ $failed = 0 ] && [ -z "${interrupted:-}" ]; then echo "gpu_check: passed"; else echo "gpu_check: FAILED"; fi
+  [ -n "${interrupted:-}" ] && exit 130
+  [ $rc -ne 0 ] && exit $rc
+  exit $failed
+}
+interrupt() {
+  interrupted=1
+  echo "gpu_check: interrupted; stopping the running stage"
+  if [ -n "$child" ]; then kill -TERM "$child" 2> /dev/null; wait "$child" 2> /dev/null; fi
+  exit 130
+}
+trap finish EXIT
+trap interrupt INT TERM
+banner() { echo; echo "==== $1 ($(date +%T))"; }
+
+# limit_for OWN_LIMIT STAGE: OWN_LIMIT, or less so that the stages after STAGE
+# keep 15 s each within the budget; 0 when nothing is left.
+limit_for() {
+  local own=$1 stage=$2 after=0 seen=0 s
+  for s in "${stages[@]}"; do
+    [ $seen = 1 ] && after=$((after + 1))
+    [ "$s" = "$stage" ] && seen=1
+  done
+  local left=$((deadline - $(date +%s) - 15 * after))
+  [ $left -lt 0 ] && left=0
+  echo $(( own < left ? own : left ))
+}
+# run_limited LIMIT LOG CMD...: CMD with its output in LOG, stopped after LIMIT
+# seconds (then status 124, or 137 if it had to be killed). In the background
+# with wait, so that a Ctrl-C reaches the trap at once.
+run_limited() {
+  local limit=$1 log=$2; shift 2
+  timeout -k 10 "$limit" "$@" > "$log" 2>&1 &
+  child=$!
+  wait "$child"
+  local rc=$?
+  child=""
+  return $rc
+}
+# gpu_stage STAGE OWN_LIMIT FIGURE_FUNCTION CMD...: runs CMD as STAGE (log
+# OUTDIR/STAGE.log); passes if it exits 0, and the figure is what
+# FIGURE_FUNCTION LOG prints. A failure not by the time limit runs again once
+# with CUDA_LAUNCH_BLOCKING=1 (log STAGE_blocking.log) for the failing kernel.
+gpu_stage() {
+  local stage=$1 own=$2 figure=$3; shift 3
+  local log="$out/$stage.log" limit rc
+  banner "$stage: $*"
+  limit=$(limit_for "$own" "$stage")
+  if [ "$limit" -lt 5 ]; then record SKIP "$stage" "(the time budget is spent)"; return 1; fi
+  run_limited "$limit" "$log" "$@"
+  rc=$?
+  tail -15 "$log"
+  if [ $rc = 0 ]; then record PASS "$stage" "$($figure "$log")"; return 0; fi
+  local why="exit status $rc"
+  [ $rc = 124 ] || [ $rc = 137 ] && why="stopped at its time limit of $limit s"
+  local error
+  error=$(grep -m1 -E 'CUDA error|cuBLAS error|NCCL error|FAILED|!!' "$log")
+  local note="$why${error:+: $error}; $($figure "$log")"
+  if [ $rc != 124 ] && [ $rc != 137 ]; then
+    limit=$(limit_for "$own" "$stage")
+    if [ "$limit" -ge 5 ]; then
+      echo "---- $stage again with CUDA_LAUNCH_BLOCKING=1"
+      CUDA_LAUNCH_BLOCKING=1 run_limited "$limit" "$out/${stage}_blocking.log" "$@"
+      rc=$?
+      error=$(grep -m1 -E 'CUDA error|cuBLAS error|NCCL error|FAILED|!!' "$out/${stage}_blocking.log")
+      note="$note; rerun with CUDA_LAUNCH_BLOCKING=1: exit status $rc${error:+: $error}"
+    fi
+  fi
+  record FAIL "$stage" "$note (see $log)"
+  return 1
+}
+nothing() { :; }
+
+# ---- device
+banner device
+if ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
+  record FAIL device "no NVIDIA GPU found (nvidia-smi lists none): nothing to check here"
   exit 2
 fi
-if ! command -v "${NVCC:-nvcc}" >/dev/null; then
-  echo "gpu_check: nvcc not found: install the CUDA toolkit or set NVCC"
+if ! command -v "${NVCC:-nvcc}" > /dev/null; then
+  record FAIL device "nvcc not found: install the CUDA toolkit or set NVCC"
   exit 2
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-"${NVCC:-nvcc}" --version | tail -2
-note "device: $gpu"
-
+nvcc_version=$("${NVCC:-nvcc}" --version | grep -oE 'release [0-9.]+' | head -1)
 # Only the GPU's own architecture: halves the nvcc time of the default two.
-cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d '.')
 archs=${CUDA_ARCHS:-"-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"}
+record PASS device "$gpu, nvcc ${nvcc_version:-?}, $archs"
 
-stage "build (nvcc, $archs)"
-have_host_deps=1
-if [ ! -f /usr/include/gtest/gtest.h ] || [ -z "$(ls /usr/include/*/cblas.h /usr/include/cblas.h 2>/dev/null)" ] ||
-   ! command -v g++ >/dev/null; then
-  have_host_deps=0
-  echo "gpu_check: g++, GoogleTest or OpenBLAS headers missing (bash tools/install_deps.sh --tests installs them):"
-  echo "           the native tests and the comparison with train_gpt_cpu are skipped"
-fi
-targets="train_gpt build/bench_attention_cuda"
-[ $have_host_deps = 1 ] && targets="$targets native-test-bins train_gpt_cpu prepare_data build/tests/test_cuda_trainer"
+# ---- builds: the trainer and the benchmark first, the host-dependent tests after (make -k)
+built() { [ -x "$1" ]; }
+banner "build-trainer (nvcc, $archs)"
 t0=$(date +%s)
-if timeout 150 make -j"$jobs" CUDA_ARCHS="$archs" $targets > "$out/build.log" 2>&1; then
-  note "build: ok in $(( $(date +%s) - t0 )) s"
+limit=$(limit_for 200 build-trainer)
+run_limited "$limit" "$out/build-trainer.log" make -j"$jobs" "${make_args[@]}" CUDA_ARCHS="$archs" \
+  train_gpt build/bench_attention_cuda
+rc=$?
+tail -5 "$out/build-trainer.log"
+missing=""
+for p in train_gpt build/bench_attention_cuda; do built "$p" || missing="$missing $p"; done
+if [ $rc = 0 ]; then
+  record PASS build-trainer "train_gpt, bench_attention_cuda in $(( $(date +%s) - t0 )) s"
 else
-  tail -30 "$out/build.log"
-  fail "build (see $out/build.log)"
-  printf '%s\n' "" "==== summary" "${summary[@]}"
-  exit 1
+  record FAIL build-trainer "exit status $rc$([ $rc = 124 ] && echo " (time limit $limit s)")${missing:+; not built:$missing} (see $out/build-trainer.log)"
 fi
 
-if [ $have_host_deps = 1 ]; then
-  stage "native CUDA tests"
-  if timeout 80 make --no-print-directory CUDA_ARCHS="$archs" test-native > "$out/tests.log" 2>&1; then
-    note "native tests: $(grep -E '^[0-9]+ passed' "$out/tests.log" | tr '\n' ';' | sed 's/;$//')"
+banner "build-tests (make -k)"
+host_targets="native-test-bins train_gpt_cpu prepare_data build/tests/test_cuda_trainer"
+if [ ! -f /usr/include/gtest/gtest.h ] || [ -z "$(ls /usr/include/*/cblas.h /usr/include/cblas.h 2> /dev/null)" ] ||
+   ! command -v g++ > /dev/null; then
+  record SKIP build-tests "g++, GoogleTest or OpenBLAS headers missing (bash tools/install_deps.sh --tests installs them)"
+else
+  t0=$(date +%s)
+  limit=$(limit_for 150 build-tests)
+  run_limited "$limit" "$out/build-tests.log" make -k -j"$jobs" "${make_args[@]}" CUDA_ARCHS="$archs" $host_targets
+  rc=$?
+  # the targets make gave up on, by name
+  broken=$(grep -oE '\*\*\* \[[^]]*: [^]]+\] Error' "$out/build-tests.log" | sed -E 's/.*: ([^]]+)\] Error/\1/' |
+           sort -u | tr '\n' ' ')
+  grep -E 'error|Error' "$out/build-tests.log" | head -10
+  if [ $rc = 0 ]; then
+    record PASS build-tests "in $(( $(date +%s) - t0 )) s"
   else
-    fail "native tests (see $out/tests.log)"
+    record FAIL build-tests "exit status $rc$([ $rc = 124 ] && echo " (time limit $limit s)")${broken:+; failed: $broken}(see $out/build-tests.log)"
   fi
-  grep -E '^cuda kernels run natively: [0-9]+ distinct|^[0-9]+ passed|FAILED|!!' "$out/tests.log"
-  k=$(grep -E '^cuda kernels run natively: [0-9]+ distinct' "$out/tests.log" | head -1)
-  [ -n "$k" ] && note "$k"
-else
-  note "native tests: skipped (host build dependencies missing)"
 fi
 
-stage "GPT-2 124M shapes, random init, B 16, T 1024, 20 steps"
-text="${1:-${KNNGPT_TEXT:-}}"
+# ---- native tests: whatever built
+tests_figure() { grep -E '^[0-9]+ passed' "$1" | tail -1; grep -E '^cuda kernels run natively: [0-9]+ distinct' "$1" |
+                 head -1 | sed -E 's/ \(never run:.*//' | sed 's/^/; /'; }
+native_bins=()
+for t in tests/test_cuda_*.cpp; do
+  b=build/native/$(basename "$t" .cpp)
+  [ "$b" != build/native/test_cuda_trainer ] && built "$b" && native_bins+=("$b")
+done
+trainer_test=()
+if built build/tests/test_cuda_trainer && built build/native/train_gpt_fp32 && built build/native/train_gpt_bf16 &&
+   built train_gpt_cpu && built prepare_data; then
+  trainer_test=(build/tests/test_cuda_trainer)
+fi
+if [ ${#native_bins[@]} = 0 ] && [ ${#trainer_test[@]} = 0 ]; then
+  record SKIP native-tests "no native test binary built"
+else
+  # every test skipped (the fixture found no usable device) is a failure here
+  if gpu_stage native-tests 90 tests_figure env KNNGPT_BUILD=build KNNGPT_CUDA_TRAINER=build/native/train_gpt_fp32 \
+       KNNGPT_CUDA_TRAINER_BF16=build/native/train_gpt_bf16 sh tools/run_tests.sh "${native_bins[@]}" "${trainer_test[@]}" &&
+     grep -qE '^0 passed, 0 failed, [1-9]' "$out/native-tests.log"; then
+    record FAIL native-tests "every test skipped: $(grep -m1 -iE 'skip.*(device|gpu)|no cuda' "$out/native-tests.log")"
+  fi
+fi
+
+# ---- compute-sanitizer on the attention, top-k and sampled-gradient tests
+sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v "${NVCC:-nvcc}")")/compute-sanitizer")
+sanitizer_figure() { grep -hoE '(ERROR|RACECHECK) SUMMARY: .*' "$1" | sort | uniq -c |
+                     sed -E 's/^ *([0-9]+) (.*)/\2 (x\1)/' | tr '\n' ';' | sed 's/;$//; s/;/; /g'; }
+# sanitize TOOL: the three tests under compute-sanitizer --tool TOOL, one after another
+sanitize() {
+  local tool=$1 rc=0 b
+  for b in build/native/test_cuda_attention build/native/test_cuda_knn build/native/test_cuda_sampled_grad; do
+    echo "== $b"
+    "$sanitizer" --tool "$tool" --error-exitcode 1 "$b" || rc=1
+  done
+  return $rc
+}
+export -f sanitize
+export sanitizer
+for tool in racecheck synccheck; do
+  if [ ! -x "$sanitizer" ]; then
+    record SKIP $tool "compute-sanitizer not found (part of the CUDA toolkit)"
+  elif ! built build/native/test_cuda_attention || ! built build/native/test_cuda_knn ||
+       ! built build/native/test_cuda_sampled_grad; then
+    record SKIP $tool "the attention, knn or sampled-gradient native test did not build"
+  else
+    limit_own=100; [ $tool = synccheck ] && limit_own=60
+    gpu_stage $tool $limit_own sanitizer_figure bash -c "sanitize $tool"
+  fi
+done
+
+# ---- training at GPT-2 124M shapes
 if [ -z "$text" ]; then
   text="$out/generated.txt"
-  head -c 3000000 /dev/urandom | base64 -w 100 > "$text"
+  [ -s "$text" ] || head -c 3000000 /dev/urandom | base64 -w 100 > "$text"
 fi
-if [ ! -x ./prepare_data ]; then
-  g++ -O2 -std=c++17 -I. -o prepare_data data/prepare_data.cpp >> "$out/build.log" 2>&1
+if ! built ./prepare_data; then
+  g++ -O2 -std=c++17 -I. -o "$out/prepare_data" data/prepare_data.cpp > "$out/prepare_data.log" 2>&1
 fi
-./prepare_data --input "$text" --out-dir "$out" --name text > /dev/null
-# train_run NAME LIMIT_S STEPS FLAGS...: GPT-2 124M shapes for STEPS steps; notes
-# the median step time (steps 2..) with its tok/s and the run's mean MFU
-train_run() {
-  local name=$1 limit=$2 steps=$3; shift 3
-  local log="$out/train_$name.log"
-  if timeout "$limit" ${launch:-} ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
-       --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --vocab 50257 \
-       -b 16 -t 1024 -x "$steps" -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 "$@" > "$log" 2>&1; then
-    grep -E '^\| (backend|parameters|attention)|^step|^done' "$log"
-    local med toks mfu
-    med=$(grep -oE '\| [0-9.]+ ms \|' "$log" | awk 'NR > 1 { print $2 }' | sort -g |
-          awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
-    mfu=$(grep '^done' "$log" | grep -oE 'mfu [0-9.]+%' || true)
-    toks=$(awk -v ms="$med" 'BEGIN { if (ms > 0) printf "%.0f", 16 * 1024 / (ms / 1000) }')
-    note "gpt2-124M B16 T1024 $name: median ${med} ms/step, ${toks} tok/s${mfu:+, mean $mfu of the peak}"
-  else
-    tail -20 "$log"
-    fail "training run $name (see $log)"
-  fi
+prepare=./prepare_data; built "$prepare" || prepare=$out/prepare_data
+have_data=0
+if built "$prepare" && "$prepare" --input "$text" --out-dir "$out" --name text > "$out/prepare_data.log" 2>&1; then
+  have_data=1
+fi
+# train_figure LOG: the median step time (steps 2..) with its tok/s, and the run's mean MFU
+train_figure() {
+  local med mfu toks
+  med=$(grep -oE '\| [0-9.]+ ms \|' "$1" | awk 'NR > 1 { print $2 }' | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
+  [ -n "$med" ] || { echo "no step timed"; return; }
+  mfu=$(grep '^done' "$1" | grep -oE 'mfu [0-9.]+%' || true)
+  toks=$(awk -v ms="$med" 'BEGIN { if (ms > 0) printf "%.0f", 16 * 1024 / (ms / 1000) }')
+  echo "median $med ms/step, $toks tok/s${mfu:+, mean $mfu of the peak}"
 }
-train_run exact 90 20
-note "  (target for later work: 475K tok/s on one H100-class GPU)"
+# train_stage STAGE OWN_LIMIT STEPS [LAUNCHER...] -- FLAGS...
+train_stage() {
+  local stage=$1 own=$2 steps=$3; shift 3
+  local launcher=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do launcher+=("$1"); shift; done
+  shift
+  if ! built ./train_gpt; then record SKIP "$stage" "train_gpt not built"; return; fi
+  if [ $have_data = 0 ]; then record SKIP "$stage" "no token data (see $out/prepare_data.log)"; return; fi
+  gpu_stage "$stage" "$own" train_figure "${launcher[@]}" ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
+    --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --vocab 50257 \
+    -b 16 -t 1024 -x "$steps" -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 "$@"
+}
+train_stage train-exact 75 20 --
+train_stage train-knn 45 3 -- --attn knn --attn-k 16
+train_stage train-sampled 45 3 -- --attn-grad sampled --attn-grad-samples 16
 
-stage "GPT-2 124M shapes, 3 steps each: knn k 16 (brute top-k) and exact attention with sampled gradients"
-train_run "knn-k16" 40 3 --attn knn --attn-k 16
-train_run "sampled-s16" 40 3 --attn-grad sampled --attn-grad-samples 16
-
-stage "NCCL: data parallel on one GPU (world 1), then on every GPU of the machine (ZeRO-1)"
-if command -v mpirun > /dev/null; then
+# ---- NCCL: data parallel on one GPU (world 1), then on every GPU of the machine (ZeRO-1)
+if ! command -v mpirun > /dev/null; then
+  record SKIP nccl-world1 "no mpirun (apt-get install openmpi-bin libopenmpi-dev)"
+  record SKIP nccl-worldN "no mpirun"
+else
   [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  launch="mpirun -q --timeout 60 -np 1" train_run "nccl-world1" 70 5 -z 1
+  train_stage nccl-world1 60 5 mpirun -q --timeout 55 -np 1 -- -z 1
   gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
   if [ "${gpus:-0}" -gt 1 ]; then
-    launch="mpirun -q --timeout 90 -np $gpus" train_run "nccl-world$gpus" 100 5 -z 1 -d $((16 * 1024 * gpus))
+    train_stage nccl-worldN 90 5 mpirun -q --timeout 85 -np "$gpus" -- -z 1 -d $((16 * 1024 * gpus))
   else
-    note "NCCL on several GPUs: SKIP (one GPU here)"
+    record SKIP nccl-worldN "one GPU here"
   fi
-else
-  note "NCCL stage: SKIP (no mpirun: apt-get install openmpi-bin libopenmpi-dev)"
 fi
 
-stage "attention benchmark"
-if timeout 70 build/bench_attention_cuda > "$out/bench.log" 2>&1; then
-  cat "$out/bench.log"
-  grep -q 'skipped' "$out/bench.log" && fail "attention benchmark: $(grep skipped "$out/bench.log")"
-  while read -r line; do note "$line"; done < <(grep -E '^attention ' "$out/bench.log" |
-    sed -E 's/^attention (T=[0-9]+ HS=[0-9]+).*fwd_TFLOPs=([0-9.]+).*bwd_TFLOPs=([0-9.]+).*/attention \1: fwd \2 TFLOP\/s, bwd \3 TFLOP\/s/')
+# ---- attention benchmark: the check against the reference kernels, then TFLOP/s
+# bench_figure LOG: the checks' verdicts and largest errors; the TFLOP/s of
+# each configuration go under the summary (details). Fields are read by name
+# (key=value pairs), so fwd_TFLOPs is never bf16_fwd_TFLOPs.
+bench_fields() {  # LOG PREFIX KEY...: for each line starting with PREFIX, the values of KEY..., tab-separated
+  local log=$1 prefix=$2; shift 2
+  awk -v prefix="$prefix" -v keys="$*" 'index($0, prefix) == 1 {
+      n = split(keys, k, " "); delete v
+      for (i = 1; i <= NF; i++) if (split($i, kv, "=") == 2) v[kv[1]] = kv[2]
+      line = ""; for (i = 1; i <= n; i++) line = line (i > 1 ? "\t" : "") (k[i] in v ? v[k[i]] : "?")
+      print line }' "$log"
+}
+bench_figure() {
+  bench_fields "$1" "check " T HS tiled_out tiled_dqkv bf16_out bf16_dqkv |
+    awk -F'\t' '{ printf "%scheck T=%s HS=%s max abs err tiled out %s dqkv %s, bf16 out %s dqkv %s", (NR > 1 ? "; " : ""), $1, $2, $3, $4, $5, $6 }'
+  grep -qE '^check .* FAIL$' "$1" && echo -n " (FAIL: beyond the bound)"
+  grep -q 'skipped' "$1" && echo -n "$(grep -m1 skipped "$1")"
+  echo
+}
+if ! built build/bench_attention_cuda; then
+  record SKIP bench-attention "build/bench_attention_cuda not built"
 else
-  tail -20 "$out/bench.log"
-  fail "attention benchmark (see $out/bench.log)"
+  bench_log="$out/bench-attention.log"
+  if gpu_stage bench-attention 80 bench_figure build/bench_attention_cuda && grep -q 'skipped' "$bench_log"; then
+    record FAIL bench-attention "$(grep -m1 skipped "$bench_log")"
+  fi
+  while IFS=$'\t' read -r T HS fwd bwd bf16_fwd bf16_bwd; do
+    details+=("      attention T=$T HS=$HS: fwd $fwd TFLOP/s, bwd $bwd TFLOP/s; bf16 fwd $bf16_fwd TFLOP/s, bwd $bf16_bwd TFLOP/s")
+  done < <(bench_fields "$bench_log" "attention " T HS fwd_TFLOPs bwd_TFLOPs bf16_fwd_TFLOPs bf16_bwd_TFLOPs)
+  write_summary
 fi
-
-echo
-echo "==== summary"
-printf '%s\n' "${summary[@]}"
-[ $status = 0 ] && echo "gpu_check: passed" || echo "gpu_check: FAILED"
-exit $status
+exit $failed

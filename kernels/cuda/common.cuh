@@ -6,7 +6,11 @@
 //   CUDA_CHECK(call)                      on error: "file:line: CUDA error: <string>", exit(1)
 //   launch(kernel, grid, block, dynamic_smem_bytes, stream, args...)
 //                                         kernel<<<grid, block, smem, stream>>>(args...) and a
-//                                         check of the launch (cudaGetLastError) at the call site
+//                                         check of the launch (cudaGetLastError) at the call site;
+//                                         on error: "file:line: CUDA error in kernel <kernel>: <string>
+//                                         ...", exit(1). With CUDA_LAUNCH_BLOCKING=1 each launch also
+//                                         waits for its kernel, so a fault while it runs is reported
+//                                         at its own launch, naming it
 //   KNNGPT_DYNAMIC_SHARED(type, name)     inside a kernel: `type* name` at the block's dynamic
 //                                         shared memory
 //   warp_reduce_sum / warp_reduce_max     over the 32 lanes of a full warp, every lane gets the result
@@ -27,8 +31,12 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <type_traits>
 #include <utility>
+
+#include "kernels/cuda/launch_text.h"
 
 namespace knngpt::cuda {
 
@@ -49,8 +57,34 @@ inline LaunchObserver& launch_observer() {
     return observer;
 }
 
+// Whether every launch waits for its kernel to finish: CUDA_LAUNCH_BLOCKING=1
+// in the environment (read once, at the first launch), the runtime's own
+// switch for synchronous launches. Then launch_kernel also synchronizes the
+// launch's stream, so an error of the kernel's execution (an illegal address,
+// a trap) comes back from this launch's check, not from a later call.
+inline bool launches_block() {
+    static const bool blocking = [] {
+        const char* value = std::getenv("CUDA_LAUNCH_BLOCKING");
+        return value != nullptr && std::strcmp(value, "1") == 0;
+    }();
+    return blocking;
+}
+
+// The line a failed launch prints: the call site, the kernel (launch_text's
+// first item, kernel_expression) and the error. Launches that do not block
+// return before their kernel runs, so the error may also be a fault of an
+// earlier kernel still running; the line then says how to pin it down.
+inline std::string launch_error_message(const char* file, int line, const char* launch_text, const char* error,
+                                        bool blocking) {
+    std::string message = std::string(file) + ":" + std::to_string(line) + ": CUDA error in kernel " +
+                          kernel_expression(launch_text) + ": " + error;
+    if (!blocking) message += " (or in an earlier kernel still running: CUDA_LAUNCH_BLOCKING=1 names the one)";
+    return message;
+}
+
 // launch(...) expands to this with the call site and the launch's text (whose
-// first item names the kernel in the emulator's deadlock reports).
+// first item names the kernel in launch errors and the emulator's deadlock
+// reports).
 template <typename... Params, typename... Args>
 void launch_kernel(const char* file, int line, const char* launch_text, void (*kernel)(Params...), dim3 grid,
                    dim3 block, size_t dynamic_smem_bytes, cudaStream_t stream, Args&&... args) {
@@ -61,7 +95,13 @@ void launch_kernel(const char* file, int line, const char* launch_text, void (*k
 #else
     kernel<<<grid, block, dynamic_smem_bytes, stream>>>(std::forward<Args>(args)...);
 #endif
-    check_cuda(cudaGetLastError(), file, line);
+    const bool blocking = launches_block();
+    cudaError_t status = cudaGetLastError();
+    if (status == cudaSuccess && blocking) status = cudaStreamSynchronize(stream);
+    if (status == cudaSuccess) return;
+    std::fprintf(stderr, "%s\n",
+                 launch_error_message(file, line, launch_text, cudaGetErrorString(status), blocking).c_str());
+    std::exit(1);
 }
 
 // Sum over the 32 lanes of the warp by an xor butterfly: after log2(32)

@@ -61,6 +61,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/launch_text.h"
 #include "kernels/emu/runtime.h"
 #include "kernels/emu/types.h"
 
@@ -473,19 +474,6 @@ inline std::string describe_deadlock(const Launch& launch) {
 
 // ---- launching --------------------------------------------------------------
 
-// The kernel's expression: the launch text up to its first top-level comma.
-inline std::string kernel_name(const char* launch_text) {
-    std::string name;
-    int depth = 0;
-    for (const char* c = launch_text; *c && !(*c == ',' && depth == 0); c++) {
-        if (*c == '(' || *c == '<' || *c == '[') depth++;
-        if (*c == ')' || *c == '>' || *c == ']') depth--;
-        name += *c;
-    }
-    const size_t first = name.find_first_not_of(" \t\n"), last = name.find_last_not_of(" \t\n");
-    return first == std::string::npos ? std::string("?") : name.substr(first, last - first + 1);
-}
-
 // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel.
 inline std::map<const void*, size_t>& dynamic_shared_limits() {
     static std::map<const void*, size_t> limits;
@@ -596,8 +584,8 @@ void run_kernel(const char* launch_text, void (*kernel)(Params...), dim3 grid, d
         const Bound& b = *static_cast<const Bound*>(p);
         std::apply(b.kernel, b.params);
     };
-    run_grid(kernel_name(launch_text), reinterpret_cast<const void*>(kernel), grid, block, dynamic_shared_bytes, body,
-             &bound);
+    run_grid(::knngpt::cuda::kernel_expression(launch_text), reinterpret_cast<const void*>(kernel), grid, block,
+             dynamic_shared_bytes, body, &bound);
 }
 
 // The block's dynamic shared memory (KNNGPT_DYNAMIC_SHARED).
