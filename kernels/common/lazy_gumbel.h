@@ -261,6 +261,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         // (attention_scores), then compared in walk order: the same samples as one by one.
         int pending_key[kLazyGumbelScoreBatch];
         const float* pending_ptr[kLazyGumbelScoreBatch];
+        int pending_pos[kLazyGumbelScoreBatch];     // tail positions (their truncated Gumbels' draws)
         double pending_x[kLazyGumbelScoreBatch];  // u expm1(-e^-B) of each exceeder
         int pending = 0;
         auto compare_pending = [&]() {
@@ -269,7 +270,10 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
             // the truncated Gumbels side by side (unused lanes: a harmless -1/2)
             double E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
-            for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(e < pending ? pending_x[e] : -0.5);
+            for (int e = 0; e < kLazyGumbelScoreBatch; e++)  // E = -log1p(x) is Exp(1) below e^-B
+                pending_x[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e < pending ? e : 0]) *
+                               trunc_scale;
+            for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(pending_x[e]);
             for (int e = 0; e < kLazyGumbelScoreBatch; e++) g[e] = -sampler_log(E[e]);  // Gumbel truncated to (B, inf)
             for (int e = 0; e < pending; e++) {
                 const double s = s32[e];
@@ -296,11 +300,10 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             pos += 1 + (long long)skip;
             x++;
             const int j = cursor.key((int)pos);
-            const double ut = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, (int)pos);
             pending_key[pending] = j;
             pending_ptr[pending] = keys + (size_t)j * stride;
             attention_prefetch_key(pending_ptr[pending], HS);
-            pending_x[pending] = ut * trunc_scale;  // E = -log1p(x) is Exp(1) below e^-B
+            pending_pos[pending] = (int)pos;
             if (++pending == kLazyGumbelScoreBatch) compare_pending();
             if (x > max_exceeders) {
                 compare_pending();
