@@ -562,8 +562,10 @@ inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false)
     ActivationTensors& a = model.acts;
     ActivationGrads& ga = model.grad_acts;
 
-    // the backward ops accumulate (+=), so the activation gradients start at 0
-    ops::device_zero(model.grad_acts_memory, model.num_grad_acts * sizeof(float));
+    // matmul_backward overwrites its dinp (ga.ln, ga.fch_gelu, ga.atty); the
+    // other backward ops accumulate (+=): ga.residual starts at 0 here, ga.fch
+    // and ga.qkv in each block
+    ops::device_zero(ga.residual, (size_t)N * C * sizeof(float));
 
     // classifier: dlogits overwrite the logits in place (already done by a fused forward)
     float* dlogits = a.logits;
@@ -580,12 +582,10 @@ inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false)
         // reads it first; then layernorm2's input gradient is added to it in
         // place, which turns ga.residual into d(residual2).
         float* dfcproj = ga.residual;  // d(fcproj) == d(residual3)
-        ops::device_zero(ga.fch_gelu, (size_t)N * 4 * C * sizeof(float));
         ops::matmul_backward(ga.fch_gelu, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, dfcproj, la.fch_gelu,
                              p.fcprojw + (size_t)l * C * 4 * C, N, 4 * C, C);
         ops::device_zero(ga.fch, (size_t)N * 4 * C * sizeof(float));
         ops::gelu_backward(ga.fch, la.fch, ga.fch_gelu, (size_t)N * 4 * C);
-        ops::device_zero(ga.ln, (size_t)N * C * sizeof(float));
         ops::matmul_backward(ga.ln, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, ga.fch, la.ln2,
                              p.fcw + (size_t)l * 4 * C * C, N, C, 4 * C);
         // d(residual2) = d(residual3) + layernorm2's input gradient: accumulate into ga.residual
@@ -594,12 +594,10 @@ inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false)
 
         // residual2 = residual + attproj: d(attproj) == d(residual2)
         float* dattproj = ga.residual;
-        ops::device_zero(ga.atty, (size_t)N * C * sizeof(float));
         ops::matmul_backward(ga.atty, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, dattproj, la.atty,
                              p.attprojw + (size_t)l * C * C, N, C, C);
         ops::device_zero(ga.qkv, (size_t)N * 3 * C * sizeof(float));
         attention_layer_backward(attn_layer_call(model, l), ga.qkv, ga.atty, la.qkv, la.atty, la.att_lse, B, T, C, NH);
-        ops::device_zero(ga.ln, (size_t)N * C * sizeof(float));
         ops::matmul_backward(ga.ln, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, ga.qkv, la.ln1,
                              p.qkvw + (size_t)l * 3 * C * C, N, C, 3 * C);
         // d(residual) = d(residual2) + layernorm1's input gradient

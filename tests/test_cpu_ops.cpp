@@ -310,7 +310,8 @@ TEST(CpuOps, MatmulBackwardMatchesFiniteDifferences) {
     auto inp = uniform((size_t)N * C, 23), weight = uniform((size_t)OC * C, 24);
     auto bias = uniform(OC, 25);
     auto w = uniform((size_t)N * OC, 26);
-    vector<float> dinp(inp.size(), 0.0f), dweight(weight.size(), 0.0f), dbias(OC, 0.0f);
+    // dinp is overwritten (sgemm's beta = 0): its NaN start must not reach the result
+    vector<float> dinp(inp.size(), std::nanf("")), dweight(weight.size(), 0.0f), dbias(OC, 0.0f);
     cpu::matmul_backward(dinp.data(), dweight.data(), dbias.data(), w.data(), inp.data(), weight.data(), N, C, OC);
 
     auto inp_d = to_double(inp), weight_d = to_double(weight), bias_d = to_double(bias);
@@ -340,7 +341,7 @@ TEST(CpuOps, MatmulLoopsMatchSgemm) {
     EXPECT_LT(max_rel_error(out_loops.data(), out_blas.data(), out_blas.size()), kForwardTol);
 
     vector<float> dinp_b(inp.size(), 0.5f), dw_b(weight.size(), 0.5f), db_b(OC, 0.5f);
-    vector<float> dinp_l = dinp_b, dw_l = dw_b, db_l = db_b;  // both accumulate onto 0.5
+    vector<float> dinp_l = dinp_b, dw_l = dw_b, db_l = db_b;  // dinp overwritten, the others accumulate onto 0.5
     cpu::matmul_backward(dinp_b.data(), dw_b.data(), db_b.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
     cpu::matmul_backward_loops(dinp_l.data(), dw_l.data(), db_l.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
     EXPECT_LT(max_rel_error(dinp_l.data(), dinp_b.data(), dinp_b.size()), kForwardTol);
@@ -590,7 +591,7 @@ TEST(CpuOps, GlobalNormSquaredMatchesDoubleSum) {
 }
 
 // ---------------------------------------------------------------------------
-// the += convention of every backward
+// the += convention of every backward (matmul's dinp excepted: it is overwritten)
 // ---------------------------------------------------------------------------
 
 TEST(CpuOps, BackwardsAccumulateIntoGradients) {
@@ -628,12 +629,15 @@ TEST(CpuOps, BackwardsAccumulateIntoGradients) {
                                 mean.data(), rstd.data(), N, C);
     });
 
-    // matmul
+    // matmul: the parameter gradients accumulate; its dinp is the exception,
+    // overwritten (beta = 0), so the same after the second call as after the first
     auto mw = uniform((size_t)OC * C, 76);
-    vector<float> dmx(x.size()), dmw(mw.size()), dmb(OC);
-    run_twice("matmul", {&dmx, &dmw, &dmb}, [&] {
+    vector<float> dmx(x.size()), dmw(mw.size()), dmb(OC), dmx_once;
+    run_twice("matmul", {&dmw, &dmb}, [&] {
         cpu::matmul_backward(dmx.data(), dmw.data(), dmb.data(), dout_oc.data(), x.data(), mw.data(), N, C, OC);
+        if (dmx_once.empty()) dmx_once = dmx;
     });
+    EXPECT_EQ(dmx, dmx_once) << "matmul dinp is overwritten";
 
     // gelu, residual
     vector<float> dgelu(x.size());

@@ -5,7 +5,7 @@
 // (matmul_forward_loops, matmul_backward_loops; not the sgemm path). Shapes
 // N = 19, C = 24, OC = 33 are not multiples of 16 or 32, so the partial tiles
 // of the bias and dbias kernels are exercised. Backward runs twice to check
-// accumulation (+=). Tolerance: 1e-5 relative to the largest reference entry;
+// accumulation (+=) into dweight and dbias, and that dinp is overwritten. Tolerance: 1e-5 relative to the largest reference entry;
 // both sides are fp32 sums of at most 33 O(1) products, differing only in
 // summation order.
 //
@@ -18,9 +18,9 @@
 //       the starting gradients are not rounded: the bias add and += are fp32.)
 //   (b) the documented error bound against the unrounded fp32 CPU result:
 //       |got - want| <= 2^-7 sum_k |a_k||b_k| + 1e-6 for every element, the
-//       sum over every product accumulated into it (backward: both passes,
-//       twice one pass's sum); the documented ~2^-8 doubled leaves room for
-//       fp32 summation. And the error is not tiny (max relative error
+//       sum over every product accumulated into it (backward: dweight's
+//       both passes, twice one pass's sum; dinp one pass); the documented
+//       ~2^-8 doubled leaves room for fp32 summation. And the error is not tiny (max relative error
 //       > 1e-5), so the rounding really happens.
 #include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
@@ -29,6 +29,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -81,18 +82,21 @@ CUDA_TEST(CudaMatmul, ForwardMatchesCpuLoops) {
     }
 }
 
-CUDA_TEST(CudaMatmul, BackwardAccumulatesAndMatchesCpuLoops) {
+// dinp is overwritten (beta = 0: it starts as NaN here, which any read of it
+// would carry into the result), dweight and dbias accumulate (+=).
+CUDA_TEST(CudaMatmul, BackwardOverwritesDinpAccumulatesWeightsAndMatchesCpuLoops) {
     PrecisionScope fp32(MatmulPrecision::FP32);
     const std::vector<float> inp = uniform((size_t)kN * kC, 4), weight = uniform((size_t)kOC * kC, 5),
                              dout = uniform((size_t)kN * kOC, 6);
     DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
     for (bool with_dbias : {true, false}) {
         SCOPED_TRACE(with_dbias ? "with dbias" : "without dbias");
-        // nonzero starting gradients, so += is visible
-        std::vector<float> dinp = uniform((size_t)kN * kC, 7), dweight = uniform((size_t)kOC * kC, 8),
+        // nonzero starting gradients, so += is visible; dinp's start must not matter
+        std::vector<float> dinp((size_t)kN * kC, std::nanf("")), dweight = uniform((size_t)kOC * kC, 8),
                            dbias = uniform(kOC, 9);
         const std::vector<float> dbias_start = dbias;
         DeviceArray<float> d_dinp(dinp), d_dweight(dweight), d_dbias(dbias);
+        std::fill(dinp.begin(), dinp.end(), 0.0f);  // the CPU loops' start (they overwrite too)
         for (int pass = 0; pass < 2; pass++) {
             knngpt::cpu::matmul_backward_loops(dinp.data(), dweight.data(), with_dbias ? dbias.data() : nullptr,
                                                dout.data(), inp.data(), weight.data(), kN, kC, kOC);
@@ -216,7 +220,7 @@ CUDA_TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
         DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
         for (bool with_dbias : {true, false}) {
             SCOPED_TRACE(with_dbias ? "with dbias" : "without dbias");
-            // nonzero starting gradients, so += is visible
+            // nonzero starting gradients, so += is visible (dinp is overwritten: one pass's sum)
             const std::vector<float> dinp0 = uniform((size_t)N * C, 24), dweight0 = uniform((size_t)OC * C, 25),
                                      dbias0 = uniform(OC, 26);
             std::vector<float> dinp_r = dinp0, dweight_r = dweight0, dbias_r = dbias0;  // CPU on rounded inputs
@@ -234,8 +238,8 @@ CUDA_TEST(CudaMatmul, Bf16BackwardIsRoundedOperandsInFp32) {
             // (a)
             expect_close(dinp, dinp_r, kTolerance, "dinp vs rounded inputs");
             expect_close(dweight, dweight_r, kTolerance, "dweight vs rounded inputs");
-            // (b): kPasses accumulated passes, each within its bound
-            expect_within_bound(dinp, dinp_x, dinp_scale, kPasses * kBoundFactor, "dinp vs fp32");
+            // (b): dinp one pass, dweight kPasses accumulated passes, each within its bound
+            expect_within_bound(dinp, dinp_x, dinp_scale, kBoundFactor, "dinp vs fp32");
             expect_within_bound(dweight, dweight_x, dweight_scale, kPasses * kBoundFactor, "dweight vs fp32");
             // dbias sums the fp32 dout in both modes
             expect_close(dbias, dbias_x, kTolerance, "dbias");
@@ -499,6 +503,216 @@ CUDA_TEST(CudaMatmulPath, GeluInputLeadingDimensionNotAMultipleOf8) { expect_epi
 CUDA_TEST(CudaMatmulPath, EmptyProductFallsBackToOurKernels) {
     expect_epilogue_paths(Shape{7, 0, 29});
     expect_epilogue_paths(Shape{7, 0, 32});
+}
+
+// ---- dbias: the two-pass reduction ---------------------------------------------
+//
+// dbias += the column sums of dout, in partial sums over chunks of 256 rows
+// and a fixed-order sum of the chunks. Against a double-precision column sum
+// written here (relative 1e-5 of the largest |sum| plus the fp32 rounding of
+// summing N terms, N · 2^-24 · sum |dout|), and bit for bit the same on a
+// second run. Shapes: N = 1 (one chunk of one row), 256 (exactly one chunk),
+// 257 (a second chunk of one row), 600 (three, the last partial), 2000; OC =
+// 70 and 33 leave a partial 32-column tile. Each call launches the partial
+// and the final kernel once, nothing else beside the GEMMs' bias-free path.
+CUDA_TEST(CudaMatmulDbias, TwoPassReductionMatchesColumnSumsAndRepeatsBitForBit) {
+    using knngpt_test::launches_of;
+    PrecisionScope fp32(MatmulPrecision::FP32);
+    const Shape shapes[] = {{1, 8, 70}, {256, 8, 33}, {257, 8, 70}, {600, 8, 33}, {2000, 8, 70}};
+    for (const Shape& s : shapes) {
+        SCOPED_TRACE(testing::Message() << "N=" << s.N << " OC=" << s.OC);
+        const int N = s.N, C = s.C, OC = s.OC;
+        const std::vector<float> inp = uniform((size_t)N * C, 60), weight = uniform((size_t)OC * C, 61),
+                                 dout = uniform((size_t)N * OC, 62), dbias0 = uniform(OC, 63);
+        DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
+        auto run = [&] {
+            DeviceArray<float> d_dinp(std::vector<float>((size_t)N * C)), d_dweight(std::vector<float>((size_t)OC * C)),
+                d_dbias(dbias0);
+            const knngpt_test::Launches launched = launches_of([&] {
+                knngpt::cuda::matmul_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_dout.ptr, d_inp.ptr,
+                                              d_weight.ptr, N, C, OC);
+            });
+            EXPECT_EQ(launched.count("matmul_dbias_partial_kernel"), 1) << launched.list();
+            EXPECT_EQ(launched.count("matmul_dbias_final_kernel"), 1) << launched.list();
+            return d_dbias.to_host();
+        };
+        const std::vector<float> first = run(), second = run();
+        EXPECT_EQ(first, second) << "the same bits on a second run";
+        double largest = 0.0;
+        std::vector<double> want(OC), abs_sum(OC);
+        for (int o = 0; o < OC; o++) {
+            want[o] = dbias0[o];
+            abs_sum[o] = std::fabs(dbias0[o]);
+            for (int n = 0; n < N; n++) {
+                want[o] += dout[(size_t)n * OC + o];
+                abs_sum[o] += std::fabs(dout[(size_t)n * OC + o]);
+            }
+            largest = std::max(largest, std::fabs(want[o]));
+        }
+        for (int o = 0; o < OC; o++) {
+            const double bound = kTolerance * largest + (N + 1) * std::ldexp(1.0, -24) * abs_sum[o];
+            EXPECT_LE(std::fabs(first[o] - want[o]), bound) << "o=" << o;
+        }
+        // and the CPU twin's sum, to the same tolerance as the other tests
+        std::vector<float> dinp((size_t)N * C), dweight((size_t)OC * C), dbias = dbias0;
+        knngpt::cpu::matmul_backward_loops(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                                           weight.data(), N, C, OC);
+        expect_close(first, dbias, kTolerance, "dbias vs CPU loops");
+    }
+}
+
+// ---- GEMM plans -------------------------------------------------------------------
+//
+// Each GEMM's plan (descriptors and algorithm; under the emulator the
+// emulated library's descriptors, which it runs) is built once per key and
+// reused. The plan is what runs, so a plan found under another GEMM's key
+// would give a wrong result: interleaving shapes that share some of m, n, k
+// and checking each against the CPU twin shows that keys do not collide, and
+// the counters show that every repeat is a hit.
+
+using knngpt::cuda::matmul_plan_stats;
+
+// Every field of the key makes a key of its own: changing any one of them
+// gives a key unequal to the original.
+CUDA_TEST(CudaMatmulPlans, EveryKeyFieldDistinguishesKeys) {
+    using knngpt::cuda::detail::GemmEpilogueKind;
+    using knngpt::cuda::detail::GemmKey;
+    using knngpt::cuda::detail::GemmKeyHash;
+    GemmKey base;
+    base.m = 7, base.n = 9, base.k = 11, base.lda = 11, base.ldb = 11, base.ldc = 7;
+    base.align_a = base.align_b = base.align_c = 256;
+    base.workspace_bytes = 1 << 20;
+    std::vector<GemmKey> changed(17, base);
+    changed[0].precision = MatmulPrecision::BF16;
+    changed[1].trans_a = true;
+    changed[2].trans_b = true;
+    changed[3].m = 8;
+    changed[4].n = 10;
+    changed[5].k = 12;
+    changed[6].lda = 12;
+    changed[7].ldb = 12;
+    changed[8].ldc = 8;
+    changed[9].epilogue = GemmEpilogueKind::Bias;
+    changed[10].align_a = 4;
+    changed[11].align_b = 4;
+    changed[12].align_c = 4;
+    changed[13].align_bias = 4;
+    changed[14].align_gelu_input = 4;
+    changed[15].workspace_bytes = 1 << 21;
+    changed[16].device = 1;
+    EXPECT_TRUE(base == base);
+    for (size_t i = 0; i < changed.size(); i++) {
+        EXPECT_FALSE(changed[i] == base) << "field " << i;
+        EXPECT_NE(GemmKeyHash{}(changed[i]), GemmKeyHash{}(base)) << "field " << i;
+    }
+}
+
+// The same forward and backward twice: the second run builds no plan, hits
+// the cache once per GEMM, and gives the same bits.
+CUDA_TEST(CudaMatmulPlans, SameGemmTwiceReusesItsPlanBitForBit) {
+    using knngpt::cuda::matmul_fusion;
+    using knngpt::cuda::MatmulFusion;
+    for (MatmulPrecision precision : {MatmulPrecision::FP32, MatmulPrecision::BF16}) {
+        SCOPED_TRACE(precision == MatmulPrecision::BF16 ? "bf16" : "fp32");
+        PrecisionScope scope(precision);
+        const MatmulFusion saved = matmul_fusion();
+        matmul_fusion() = MatmulFusion::BiasGelu;
+        const int N = 13, C = 40, OC = 32;
+        DeviceArray<float> d_inp(uniform((size_t)N * C, 70)), d_weight(uniform((size_t)OC * C, 71)),
+            d_bias(uniform(OC, 72)), d_dout(uniform((size_t)N * OC, 73));
+        auto step = [&] {
+            DeviceArray<float> out(std::vector<float>((size_t)N * OC)), gelu(std::vector<float>((size_t)N * OC)),
+                dinp(std::vector<float>((size_t)N * C)), dweight(std::vector<float>((size_t)OC * C, 0.5f)),
+                dbias(std::vector<float>(OC, 0.5f));
+            knngpt::cuda::matmul_forward_gelu(gelu.ptr, out.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C, OC);
+            knngpt::cuda::matmul_forward(out.ptr, d_inp.ptr, d_weight.ptr, d_bias.ptr, N, C, OC);
+            knngpt::cuda::matmul_backward(dinp.ptr, dweight.ptr, dbias.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr, N, C,
+                                          OC);
+            return std::vector<std::vector<float>>{out.to_host(), gelu.to_host(), dinp.to_host(), dweight.to_host(),
+                                                   dbias.to_host()};
+        };
+        knngpt::cuda::matmul_release();
+        const auto first = step();
+        const auto after_first = matmul_plan_stats();
+        // forward_gelu, forward (another epilogue: bias only), dinp, dweight
+        EXPECT_EQ(after_first.misses, 4u);
+        EXPECT_EQ(after_first.hits, 0u);
+        EXPECT_EQ(after_first.size, 4u);
+        const auto second = step();
+        const auto after_second = matmul_plan_stats();
+        EXPECT_EQ(after_second.misses, 4u) << "no plan built again";
+        EXPECT_EQ(after_second.hits, 4u);
+        EXPECT_EQ(first, second) << "the same bits from the cached plans";
+        knngpt::cuda::matmul_release();
+        EXPECT_EQ(matmul_plan_stats().size, 0u);
+        EXPECT_EQ(step(), first) << "after matmul_release the plans are built again, the same";
+        EXPECT_EQ(matmul_plan_stats().misses, 4u);
+        matmul_fusion() = saved;
+    }
+}
+
+// Shapes that share dimensions, and a weight at a 4-byte-aligned offset,
+// interleaved over two rounds: each GEMM matches the CPU twin in both rounds
+// (no plan of another shape ran), the first round builds one plan per
+// distinct key and the second builds none.
+CUDA_TEST(CudaMatmulPlans, DifferentShapesAndAlignmentsDoNotCollide) {
+    PrecisionScope fp32(MatmulPrecision::FP32);
+    // {20, 40, 32} differs from {9, 40, 32} in N alone, which only k of the
+    // dweight GEMM carries (m = C, n = OC, k = N, lda = C, ldb = OC)
+    const Shape shapes[] = {{9, 40, 32}, {20, 40, 32}, {9, 32, 40}, {40, 9, 32}, {32, 40, 9}, {9, 40, 33}};
+    knngpt::cuda::matmul_release();
+    for (int round = 0; round < 2; round++) {
+        for (const Shape& s : shapes)
+        for (size_t offset : {0, 1}) {
+            SCOPED_TRACE(testing::Message() << "round " << round << ", N=" << s.N << " C=" << s.C << " OC=" << s.OC
+                                            << ", weight offset " << offset);
+            const int N = s.N, C = s.C, OC = s.OC;
+            const std::vector<float> inp = uniform((size_t)N * C, 80), weight = uniform((size_t)OC * C + 1, 81),
+                                     dout = uniform((size_t)N * OC, 82);
+            DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout);
+            const float* w = d_weight.ptr + offset;
+            const std::vector<float> w_host(weight.begin() + offset, weight.begin() + offset + (size_t)OC * C);
+            std::vector<float> want((size_t)N * OC), dinp((size_t)N * C), dweight((size_t)OC * C, 0.0f);
+            knngpt::cpu::matmul_forward_loops(want.data(), inp.data(), w_host.data(), nullptr, N, C, OC);
+            knngpt::cpu::matmul_backward_loops(dinp.data(), dweight.data(), nullptr, dout.data(), inp.data(),
+                                               w_host.data(), N, C, OC);
+            DeviceArray<float> d_out(std::vector<float>((size_t)N * OC)), d_dinp(std::vector<float>((size_t)N * C)),
+                d_dweight(std::vector<float>((size_t)OC * C, 0.0f));
+            knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, w, nullptr, N, C, OC);
+            knngpt::cuda::matmul_backward(d_dinp.ptr, d_dweight.ptr, nullptr, d_dout.ptr, d_inp.ptr, w, N, C, OC);
+            expect_close(d_out.to_host(), want, kTolerance, "out");
+            expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
+            expect_close(d_dweight.to_host(), dweight, kTolerance, "dweight");
+        }
+        // three GEMMs per (shape, offset); the weight's alignment is in the
+        // forward and dinp keys (operand A), not in dweight's
+        const size_t distinct = std::size(shapes) * (2 + 2 + 1);
+        EXPECT_EQ(matmul_plan_stats().misses, distinct) << "round " << round;
+        EXPECT_EQ(matmul_plan_stats().hits, round == 0 ? std::size(shapes) : std::size(shapes) + 3 * 2 * std::size(shapes));
+    }
+}
+
+// More distinct GEMMs than the cache holds: it is emptied once it is full,
+// never holds more than kMatmulPlanCapacity plans, and every result is right.
+CUDA_TEST(CudaMatmulPlans, CacheIsBoundedAndEmptiedWhenFull) {
+    PrecisionScope fp32(MatmulPrecision::FP32);
+    knngpt::cuda::matmul_release();
+    const int C = 5, OC = 3;
+    const int shapes = (int)knngpt::cuda::kMatmulPlanCapacity + 6;
+    const std::vector<float> weight = uniform((size_t)OC * C, 90);
+    DeviceArray<float> d_weight(weight);
+    for (int N = 1; N <= shapes; N++) {
+        const std::vector<float> inp = uniform((size_t)N * C, 91);
+        DeviceArray<float> d_inp(inp), d_out(std::vector<float>((size_t)N * OC));
+        knngpt::cuda::matmul_forward(d_out.ptr, d_inp.ptr, d_weight.ptr, nullptr, N, C, OC);
+        std::vector<float> want((size_t)N * OC);
+        knngpt::cpu::matmul_forward_loops(want.data(), inp.data(), weight.data(), nullptr, N, C, OC);
+        expect_close(d_out.to_host(), want, kTolerance, "out");
+        EXPECT_LE(matmul_plan_stats().size, knngpt::cuda::kMatmulPlanCapacity);
+    }
+    EXPECT_EQ(matmul_plan_stats().misses, (size_t)shapes);
+    EXPECT_EQ(matmul_plan_stats().evictions, 1u);
+    EXPECT_EQ(matmul_plan_stats().size, (size_t)shapes - knngpt::cuda::kMatmulPlanCapacity);
 }
 
 }  // namespace

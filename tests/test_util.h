@@ -37,12 +37,15 @@ inline std::vector<int> random_ints(size_t n, unsigned seed, int upper) {
 inline std::vector<double> to_double(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
 
 // Largest |a - b| over the largest |b|: a norm-wise relative error that does
-// not blow up on entries that happen to be near zero.
+// not blow up on entries that happen to be near zero. A NaN in either array
+// is an infinite error (fmax alone would skip it).
 template <class TA, class TB>
 double max_rel_error(const TA* a, const TB* b, size_t n) {
     double max_diff = 0.0, max_ref = 0.0;
     for (size_t i = 0; i < n; i++) {
-        max_diff = std::fmax(max_diff, std::fabs((double)a[i] - (double)b[i]));
+        const double diff = std::fabs((double)a[i] - (double)b[i]);
+        if (std::isnan(diff)) return INFINITY;
+        max_diff = std::fmax(max_diff, diff);
         max_ref = std::fmax(max_ref, std::fabs((double)b[i]));
     }
     return max_ref > 0.0 ? max_diff / max_ref : max_diff;

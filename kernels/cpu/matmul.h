@@ -2,13 +2,14 @@
 //
 //   forward:  out = inp @ weight^T + bias            out[n,o] = sum_c inp[n,c] weight[o,c] + bias[o]
 //   forward_gelu: pre_gelu = inp @ weight^T + bias, out_gelu = gelu(pre_gelu)   (gelu.h)
-//   backward: dinp    += dout @ weight               (N, C)
+//   backward: dinp     = dout @ weight               (N, C)
 //             dweight += dout^T @ inp                (OC, C)
 //             dbias   += sum_n dout[n, :]            (OC)
 //
 // Shapes: inp (N, C) with N = B*T rows, weight (OC, C) (PyTorch's nn.Linear layout),
 // bias (OC) or nullptr, out/dout (N, OC). Backward needs the forward's inp.
-// Backward accumulates (+=); dbias may be nullptr (no bias).
+// Backward overwrites dinp (sgemm's beta = 0: dinp is not read, need not be
+// zeroed) and accumulates (+=) into dweight and dbias; dbias may be nullptr.
 //
 // OpenBLAS is the OpenMP build: it shares our thread pool, and a call made from
 // inside an OpenMP parallel region runs single-threaded.
@@ -49,6 +50,7 @@ inline void matmul_backward_loops(float* dinp, float* dweight, float* dbias, con
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float* dinp_n = dinp + (size_t)n * C;
+        for (int c = 0; c < C; c++) dinp_n[c] = 0.0f;
         for (int o = 0; o < OC; o++) {
             const float d = dout[(size_t)n * OC + o];
             const float* w_o = weight + (size_t)o * C;
@@ -102,9 +104,9 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
 #ifdef KNNGPT_MATMUL_LOOPS
     return matmul_backward_loops(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 #endif
-    // dinp(N, C) += dout(N, OC) @ weight(OC, C)
+    // dinp(N, C) = dout(N, OC) @ weight(OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
-                1.0f, dout, OC, weight, C, 1.0f, dinp, C);
+                1.0f, dout, OC, weight, C, 0.0f, dinp, C);
     // dweight(OC, C) += dout(N, OC)^T @ inp(N, C)
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
                 1.0f, dout, OC, inp, C, 1.0f, dweight, C);

@@ -3,12 +3,15 @@
 //
 //   forward:  out = inp @ weight^T + bias            out[n,o] = sum_c inp[n,c] weight[o,c] + bias[o]
 //   forward_gelu: pre_gelu = inp @ weight^T + bias,  out_gelu = gelu(pre_gelu)   (gelu.cuh's tanh form)
-//   backward: dinp    += dout @ weight               (N, C)
+//   backward: dinp     = dout @ weight               (N, C)
 //             dweight += dout^T @ inp                (OC, C)
 //             dbias   += sum_n dout[n, :]            (OC)
 //
 // Shapes: inp (N, C), weight (OC, C), bias (OC) or nullptr, out/dout (N, OC).
-// Backward accumulates (+=); dbias may be nullptr. Device pointers, all fp32.
+// Backward overwrites dinp (its GEMM runs with beta = 0 and does not read it,
+// so the caller need not zero it first) and accumulates (+=) into the
+// parameter gradients dweight and dbias; dbias may be nullptr. Device
+// pointers, all fp32.
 //
 // Precision. matmul_precision() selects, at run time, how the GEMMs run:
 //   FP32  fp32 operands, fp32 accumulation;
@@ -32,8 +35,8 @@
 // A product of two bf16 values (8 + 8 significant bits) is exact in fp32, so
 // the only rounding after the conversion is that of the fp32 accumulation.
 //
-// The GEMMs go to a library: cuBLASLt under nvcc (one static handle and
-// workspace created on first use; FP32: A, B, C fp32; BF16: A, B CUDA_R_16BF,
+// The GEMMs go to a library: cuBLASLt under nvcc (one handle and workspace
+// created on first use, see "Plans"; FP32: A, B, C fp32; BF16: A, B CUDA_R_16BF,
 // C/D CUDA_R_32F; both with CUBLAS_COMPUTE_32F and fp32 alpha/beta),
 // cblas_sgemm under KNNGPT_CUDA_EMU (the emulator's device memory is host
 // memory; in BF16 mode the bf16 operands are widened back to float on the
@@ -44,7 +47,7 @@
 // Scratch. The bf16 operands live in two buffers owned by this file (one per
 // GEMM operand slot), cudaMalloc'd on first use and grown (freed and
 // allocated again) when a larger operand comes; they are never freed, like
-// the cuBLASLt workspace, and live for the process. Under the emulator the
+// the dbias partial sums, and live for the process. Under the emulator the
 // widened float copies are two static host vectors, freed at exit. The
 // scratch is shared: call the matmuls from one host thread, on the default
 // stream (as everything here does).
@@ -68,12 +71,40 @@
 //   dinp^T (C, N) += weight^T (C, OC) . dout^T (OC, N)  A = weight stored (C, OC): op N;  B = dout stored (OC, N): op N
 //   dweight^T (C, OC) += inp^T (C, N) . dout  (N, OC)   A = inp stored (C, N): op N;      B = dout stored (OC, N): op T
 //
-// dbias: one block per 32 columns, threadIdx.y stripes the rows, a shared
-// memory tree finishes the column; no atomics, so the result is deterministic.
+// Plans. Each GEMM's cuBLASLt descriptors (matmul descriptor, three layouts)
+// and the algorithm the heuristic chose are built once per key and cached
+// (detail::GemmKey: precision, ops, m n k, leading dimensions, epilogue kind,
+// the alignment of every pointer, workspace size, device; see "GEMM plans"
+// below), so a training step makes no heuristic query after the first. The
+// same key runs the same algorithm, so a cached plan gives the bits a fresh
+// one would. At most kMatmulPlanCapacity plans are held; a miss on a full
+// cache empties it (counted in matmul_plan_stats()). matmul_release() frees
+// the plans, the handle and the workspace, as does the exit. Under the
+// emulator the plans are the emulated library's descriptors (the key itself,
+// which the emulated GEMM runs), so keys and counters are tested there too.
+// Not thread-safe: a lookup may build a plan, and each call sets the bias and
+// GELU-input pointers on the cached descriptor, so the matmuls are called
+// from one host thread, as the scratch already requires.
+//
+// dbias, two passes, deterministic (no atomics; the chunking depends on N
+// only, so the bits are the same on every run and every device):
+//   1. partial[chunk, o] = sum over the chunk's kMatmulDbiasChunkRows rows:
+//      grid ceil(OC/32) x ceil(N/256) blocks of (32, 16) threads, each thread
+//      a stripe of 16 rows of one column, a fixed shared-memory tree per block;
+//   2. dbias[o] += partial[0, o] + partial[1, o] + ... in chunk order: one
+//      thread per column.
+// Cost: pass 1 reads dout once, N·OC·4 bytes, and writes N·OC/64 bytes;
+// pass 2 reads those back. GPT-2 124M at B 16, T 1024 (N = 16384): for
+// fcb (OC = 3072) 201 MB read, 6144 blocks (96 x 64); a layer's four biases
+// (OC = 2304, 768, 3072, 768) read N·6912·4 = 453 MB, ~95 us at 4.8 TB/s, ~1.1
+// ms per 12-layer step. The one-pass kernel it replaces ran ceil(OC/32)
+// blocks (24 for OC = 768, on 132 SMs), each walking all N rows.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <unordered_map>
+#include <vector>
 
 #include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/common.cuh"
@@ -81,8 +112,6 @@
 
 #if defined(KNNGPT_CUDA_EMU)
 #include <cblas.h>
-
-#include <vector>
 #else
 #include <cublasLt.h>
 #endif
@@ -90,7 +119,10 @@
 namespace knngpt::cuda {
 
 constexpr int kMatmulBiasThreads = 256;
-constexpr int kMatmulDbiasStripes = 16;                      // threadIdx.y of the dbias kernel
+constexpr int kMatmulDbiasStripes = 16;                      // threadIdx.y of the dbias partial-sum kernel
+constexpr int kMatmulDbiasChunkRows = 256;                   // rows of dout per dbias partial sum
+constexpr int kMatmulDbiasFinalThreads = 256;
+constexpr size_t kMatmulPlanCapacity = 64;                   // cached GEMM plans before the cache is emptied
 constexpr size_t kMatmulWorkspaceBytes = 32u * 1024 * 1024;  // cuBLASLt workspace
 
 // ---- precision ----------------------------------------------------------------
@@ -147,23 +179,39 @@ __global__ void matmul_bias_add_kernel(float* out, const float* bias, int N, int
     out[i] += bias[i % (size_t)OC];
 }
 
-// dbias[o] += sum_n dout[n, o]. Block (32, kMatmulDbiasStripes): threadIdx.x
-// picks column o of tile blockIdx.x (adjacent threads read adjacent columns),
-// threadIdx.y a stripe of all N rows.
-__global__ void matmul_dbias_kernel(float* dbias, const float* dout, int N, int OC) {
-    __shared__ float partial[kMatmulDbiasStripes][32];
+// dbias, pass 1: partial[chunk, o] = sum of dout[n, o] over the rows n of
+// chunk (rows chunk * kMatmulDbiasChunkRows onwards, at most that many).
+// Grid (ceil(OC/32), chunks), block (32, kMatmulDbiasStripes): threadIdx.x
+// picks column o of tile blockIdx.x (a warp reads 32 adjacent floats of a
+// row), threadIdx.y a stripe of the chunk's rows; a shared-memory tree in a
+// fixed order finishes the block's column.
+__global__ void matmul_dbias_partial_kernel(float* partial, const float* dout, int N, int OC) {
+    __shared__ float stripe_sum[kMatmulDbiasStripes][32];
     const int o = blockIdx.x * 32 + threadIdx.x;
+    const int chunk = blockIdx.y;
+    const int row_end = min(N, (chunk + 1) * kMatmulDbiasChunkRows);
     float sum = 0.0f;
     if (o < OC) {
-        for (int n = threadIdx.y; n < N; n += kMatmulDbiasStripes) sum += dout[(size_t)n * OC + o];
+        for (int n = chunk * kMatmulDbiasChunkRows + threadIdx.y; n < row_end; n += kMatmulDbiasStripes)
+            sum += dout[(size_t)n * OC + o];
     }
-    partial[threadIdx.y][threadIdx.x] = sum;
+    stripe_sum[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
     for (int stride = kMatmulDbiasStripes / 2; stride > 0; stride /= 2) {
-        if ((int)threadIdx.y < stride) partial[threadIdx.y][threadIdx.x] += partial[threadIdx.y + stride][threadIdx.x];
+        if ((int)threadIdx.y < stride) stripe_sum[threadIdx.y][threadIdx.x] += stripe_sum[threadIdx.y + stride][threadIdx.x];
         __syncthreads();
     }
-    if (threadIdx.y == 0 && o < OC) dbias[o] += partial[0][threadIdx.x];
+    if (threadIdx.y == 0 && o < OC) partial[(size_t)chunk * OC + o] = stripe_sum[0][threadIdx.x];
+}
+
+// dbias, pass 2: dbias[o] += sum over chunk = 0, 1, .., chunks-1 of
+// partial[chunk, o], in that order; one thread per column.
+__global__ void matmul_dbias_final_kernel(float* dbias, const float* partial, int chunks, int OC) {
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= OC) return;
+    float sum = 0.0f;
+    for (int chunk = 0; chunk < chunks; chunk++) sum += partial[(size_t)chunk * OC + o];
+    dbias[o] += sum;
 }
 
 // ---- column-major GEMM --------------------------------------------------------
@@ -177,15 +225,7 @@ inline void check_cublas(cublasStatus_t status, const char* file, int line) {
     std::exit(1);
 }
 #define KNNGPT_CUBLAS_CHECK(call) ::knngpt::cuda::detail::check_cublas((call), __FILE__, __LINE__)
-
-struct CublasLtContext {
-    cublasLtHandle_t handle = nullptr;
-    void* workspace = nullptr;
-    CublasLtContext() {
-        KNNGPT_CUBLAS_CHECK(cublasLtCreate(&handle));
-        CUDA_CHECK(cudaMalloc(&workspace, kMatmulWorkspaceBytes));
-    }
-};
+#endif
 
 // The largest power of two (up to 256) dividing the address: the alignment the
 // library may assume for an operand.
@@ -194,12 +234,6 @@ inline uint32_t pointer_alignment(const void* p) {
     while (alignment > 1 && (uintptr_t)p % alignment != 0) alignment /= 2;
     return alignment;
 }
-
-inline CublasLtContext& cublaslt_context() {
-    static CublasLtContext context;  // created on first use, lives for the process
-    return context;
-}
-#endif
 
 // A bf16 scratch buffer of this file, one per GEMM operand slot (0 or 1),
 // grown on demand and never freed (see the file header).
@@ -243,11 +277,306 @@ struct GemmEpilogue {
     bool empty() const { return bias == nullptr && gelu_input == nullptr; }
 };
 
+// ---- GEMM plans -----------------------------------------------------------------
+//
+// A plan is what a GEMM needs from the library before it can run: under nvcc
+// the matmul descriptor (ops, epilogue kind, the GELU input's leading
+// dimension), the three matrix layouts, and the algorithm the heuristic chose
+// for them under our preference (workspace size, operand alignments; the
+// preference is only the heuristic's input, destroyed once it has answered).
+// Building one costs ~10 library calls and a heuristic query, so each is built
+// once per GemmKey and kept in a cache (see the file header). The answer "no
+// algorithm for this epilogue" is cached too.
+//
+// The key holds everything that determines the descriptors and the answer:
+// precision (the operand type), both ops, m, n, k, the three leading
+// dimensions, the epilogue kind, the alignment of every pointer (A, B, C, the
+// bias, the GELU input: the preference's minimum alignments, and the
+// epilogue's pointers'), the workspace size and the device. Pointer values
+// are not in it: the bias and GELU-input pointers are set on the cached
+// descriptor before each call, so every layer's GEMM of one shape shares one plan.
+
+enum class GemmEpilogueKind : uint8_t { None, Bias, GeluAux, GeluAuxBias };
+
+inline GemmEpilogueKind epilogue_kind(const GemmEpilogue& epilogue) {
+    if (epilogue.gelu_input) return epilogue.bias ? GemmEpilogueKind::GeluAuxBias : GemmEpilogueKind::GeluAux;
+    return epilogue.bias ? GemmEpilogueKind::Bias : GemmEpilogueKind::None;
+}
+
+struct GemmKey {
+    MatmulPrecision precision = MatmulPrecision::FP32;
+    bool trans_a = false, trans_b = false;
+    int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
+    GemmEpilogueKind epilogue = GemmEpilogueKind::None;
+    uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0, align_gelu_input = 0;  // 0: no such pointer
+    uint64_t workspace_bytes = 0;
+    int device = 0;
+
+    bool operator==(const GemmKey& o) const {
+        return precision == o.precision && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n &&
+               k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc && epilogue == o.epilogue &&
+               align_a == o.align_a && align_b == o.align_b && align_c == o.align_c && align_bias == o.align_bias &&
+               align_gelu_input == o.align_gelu_input && workspace_bytes == o.workspace_bytes && device == o.device;
+    }
+};
+
+struct GemmKeyHash {
+    size_t operator()(const GemmKey& key) const {
+        uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+        auto mix = [&h](uint64_t value) { h = (h ^ value) * 1099511628211ull; };
+        mix((uint64_t)key.precision);
+        mix((uint64_t)key.trans_a << 1 | (uint64_t)key.trans_b);
+        for (int v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix((uint32_t)v);
+        mix((uint64_t)key.epilogue);
+        for (uint32_t v : {key.align_a, key.align_b, key.align_c, key.align_bias, key.align_gelu_input}) mix(v);
+        mix(key.workspace_bytes);
+        mix((uint32_t)key.device);
+        return (size_t)h;
+    }
+};
+
+inline GemmKey gemm_key(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
+                        int lda, const void* B, int ldb, const float* C, int ldc, const GemmEpilogue& epilogue) {
+    GemmKey key;
+    key.precision = precision;
+    key.trans_a = trans_a;
+    key.trans_b = trans_b;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.epilogue = epilogue_kind(epilogue);
+    key.align_a = pointer_alignment(A);
+    key.align_b = pointer_alignment(B);
+    key.align_c = pointer_alignment(C);
+    key.align_bias = epilogue.bias ? pointer_alignment(epilogue.bias) : 0;
+    key.align_gelu_input = epilogue.gelu_input ? pointer_alignment(epilogue.gelu_input) : 0;
+    key.workspace_bytes = kMatmulWorkspaceBytes;
+    CUDA_CHECK(cudaGetDevice(&key.device));
+    return key;
+}
+
+struct GemmPlan {
+    bool has_algorithm = false;  // false: the library offers none for this epilogue
+#if defined(KNNGPT_CUDA_EMU)
+    // The emulated library's descriptors: it runs the GEMM the plan
+    // describes, not the call's arguments, as cuBLASLt runs its descriptors
+    // (so a plan found under the wrong key gives a wrong result, not a right one).
+    GemmKey described;
+#else
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
+    cublasLtMatmulAlgo_t algo = {};
+#endif
+};
+
+// How the plan cache has been used since the start (or matmul_release()).
+struct MatmulPlanStats {
+    size_t hits = 0;       // GEMMs that found their plan
+    size_t misses = 0;     // plans built
+    size_t evictions = 0;  // times the cache was full and emptied
+    size_t size = 0;       // plans held now
+};
+
+// The library state of this file: under nvcc the cuBLASLt handle and
+// workspace, created on first use; the plans, in both builds. Freed by
+// matmul_release() and at exit (the destructor runs before the CUDA
+// runtime's own teardown, which registers first; it ignores errors, as a
+// destructor must not exit).
+struct MatmulLibrary {
+#if !defined(KNNGPT_CUDA_EMU)
+    cublasLtHandle_t handle = nullptr;
+    void* workspace = nullptr;
+#endif
+    std::unordered_map<GemmKey, GemmPlan, GemmKeyHash> plans;
+    MatmulPlanStats stats;
+
+    ~MatmulLibrary() { release(); }
+
+    void release_plans() {
+#if !defined(KNNGPT_CUDA_EMU)
+        for (auto& entry : plans) {
+            GemmPlan& plan = entry.second;
+            if (plan.layout_c) cublasLtMatrixLayoutDestroy(plan.layout_c);
+            if (plan.layout_b) cublasLtMatrixLayoutDestroy(plan.layout_b);
+            if (plan.layout_a) cublasLtMatrixLayoutDestroy(plan.layout_a);
+            if (plan.desc) cublasLtMatmulDescDestroy(plan.desc);
+        }
+#endif
+        plans.clear();
+    }
+
+    void release() {
+        release_plans();
+#if !defined(KNNGPT_CUDA_EMU)
+        if (workspace) cudaFree(workspace);
+        if (handle) cublasLtDestroy(handle);
+        workspace = nullptr;
+        handle = nullptr;
+#endif
+        stats = MatmulPlanStats{};
+    }
+};
+
+inline MatmulLibrary& matmul_library() {
+    static MatmulLibrary library;
+    return library;
+}
+
+#if defined(KNNGPT_CUDA_EMU)
+// The emulated library has an algorithm for every GEMM and epilogue.
+inline GemmPlan build_gemm_plan(MatmulLibrary&, const GemmKey& key) {
+    GemmPlan plan;
+    plan.has_algorithm = true;
+    plan.described = key;
+    return plan;
+}
+#else
+inline GemmPlan build_gemm_plan(MatmulLibrary& library, const GemmKey& key) {
+    if (library.handle == nullptr) {
+        KNNGPT_CUBLAS_CHECK(cublasLtCreate(&library.handle));
+        CUDA_CHECK(cudaMalloc(&library.workspace, kMatmulWorkspaceBytes));
+    }
+    GemmPlan plan;
+    const cudaDataType_t ab_type = key.precision == MatmulPrecision::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (key.epilogue != GemmEpilogueKind::None) {
+        // bias and GELU input in fp32, the type of D (the library's default);
+        // their pointers are set before each call (run_gemm_plan)
+        cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
+        if (key.epilogue == GemmEpilogueKind::GeluAux) kind = CUBLASLT_EPILOGUE_GELU_AUX;
+        if (key.epilogue == GemmEpilogueKind::GeluAuxBias) kind = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+        KNNGPT_CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
+        if (key.align_gelu_input != 0) {
+            const int64_t aux_ld = key.ldc;  // the library needs a multiple of 8, else it offers no algorithm
+            KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                               &aux_ld, sizeof(aux_ld)));
+        }
+    }
+    // layouts describe the stored arrays, before op()
+    const int m = key.m, n = key.n, k = key.k;
+    KNNGPT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&plan.layout_a, ab_type, key.trans_a ? k : m, key.trans_a ? m : k, key.lda));
+    KNNGPT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&plan.layout_b, ab_type, key.trans_b ? n : k, key.trans_b ? k : n, key.ldb));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_c, CUDA_R_32F, m, n, key.ldc));
+    cublasLtMatmulPreference_t preference = nullptr;
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+    const uint64_t workspace_bytes = key.workspace_bytes;
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &workspace_bytes, sizeof(workspace_bytes)));
+    // the library assumes 256-byte aligned operands unless told otherwise; ours
+    // are offsets into larger buffers, so tell it what they really are
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                             &key.align_a, sizeof(key.align_a)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                             &key.align_b, sizeof(key.align_b)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                             &key.align_c, sizeof(key.align_c)));
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                             &key.align_c, sizeof(key.align_c)));
+    cublasLtMatmulHeuristicResult_t heuristic = {};
+    int returned = 0;
+    const cublasStatus_t found =
+        cublasLtMatmulAlgoGetHeuristic(library.handle, plan.desc, plan.layout_a, plan.layout_b, plan.layout_c,
+                                       plan.layout_c, preference, 1, &heuristic, &returned);
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
+    // with an epilogue "not supported" (a status or no result) means: run it without
+    if (key.epilogue != GemmEpilogueKind::None && (found != CUBLAS_STATUS_SUCCESS || returned == 0)) {
+        plan.has_algorithm = false;
+        return plan;  // its descriptors are kept (and freed) with it
+    }
+    KNNGPT_CUBLAS_CHECK(found);
+    if (returned == 0) {
+        std::fprintf(stderr, "%s:%d: cuBLASLt: no %s algorithm for m=%d n=%d k=%d\n", __FILE__, __LINE__,
+                     key.precision == MatmulPrecision::BF16 ? "bf16" : "fp32", m, n, k);
+        std::exit(1);
+    }
+    plan.has_algorithm = true;
+    plan.algo = heuristic.algo;
+    return plan;
+}
+#endif
+
+// The plan for key: the cached one, or a new one built and cached. When the
+// cache holds kMatmulPlanCapacity plans it is emptied first (a model has a
+// few dozen shapes, so this happens only when shapes keep changing).
+inline const GemmPlan& gemm_plan(const GemmKey& key) {
+    MatmulLibrary& library = matmul_library();
+    auto found = library.plans.find(key);
+    if (found != library.plans.end()) {
+        library.stats.hits++;
+        return found->second;
+    }
+    if (library.plans.size() >= kMatmulPlanCapacity) {
+        library.release_plans();
+        library.stats.evictions++;
+    }
+    library.stats.misses++;
+    const GemmPlan& plan = library.plans.emplace(key, build_gemm_plan(library, key)).first->second;
+    library.stats.size = library.plans.size();
+    return plan;
+}
+
+// C = op(A) op(B) + beta C and the epilogue, as the plan describes them, on
+// this call's pointers (alpha = 1).
+inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, float beta, float* C,
+                          const GemmEpilogue& epilogue) {
+    const float alpha = 1.0f;
+#if defined(KNNGPT_CUDA_EMU)
+    const GemmKey& d = plan.described;
+    const float* a = static_cast<const float*>(A);
+    const float* b = static_cast<const float*>(B);
+    if (d.precision == MatmulPrecision::BF16) {
+        // stored arrays: ld rows by (trans ? m : k) resp. (trans ? k : n) columns
+        a = widen_bf16(0, A, (size_t)d.lda * (d.trans_a ? d.m : d.k));
+        b = widen_bf16(1, B, (size_t)d.ldb * (d.trans_b ? d.k : d.n));
+    }
+    cblas_sgemm(CblasColMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans, d.m,
+                d.n, d.k, alpha, a, d.lda, b, d.ldb, beta, C, d.ldc);
+    // the emulated library's epilogue, elementwise in fp32 as cuBLASLt's
+    const bool add_bias = d.epilogue == GemmEpilogueKind::Bias || d.epilogue == GemmEpilogueKind::GeluAuxBias;
+    const bool gelu = d.epilogue == GemmEpilogueKind::GeluAux || d.epilogue == GemmEpilogueKind::GeluAuxBias;
+    for (int j = 0; j < d.n && (add_bias || gelu); j++) {
+        for (int i = 0; i < d.m; i++) {
+            const size_t at = (size_t)j * d.ldc + i;
+            float x = C[at] + (add_bias ? epilogue.bias[i] : 0.0f);
+            if (gelu) {
+                epilogue.gelu_input[at] = x;
+                x = gelu_tanh(x);
+            }
+            C[at] = x;
+        }
+    }
+#else
+    MatmulLibrary& library = matmul_library();
+    if (epilogue.bias) {
+        KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &epilogue.bias, sizeof(epilogue.bias)));
+    }
+    if (epilogue.gelu_input) {
+        KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                           &epilogue.gelu_input, sizeof(epilogue.gelu_input)));
+    }
+    KNNGPT_CUBLAS_CHECK(cublasLtMatmul(library.handle, plan.desc, &alpha, A, plan.layout_a, B, plan.layout_b, &beta,
+                                       C, plan.layout_c, C, plan.layout_c, &plan.algo, library.workspace,
+                                       kMatmulWorkspaceBytes, nullptr));
+#endif
+}
+
 // C (m, n) = op(A) (m, k) . op(B) (k, n) + beta C, all column-major, alpha = 1,
 // then the epilogue. A and B are float arrays (FP32) or __nv_bfloat16 arrays
-// (BF16); C is float and the accumulation fp32 in both. Returns false, having
-// done nothing, when the library has no algorithm for the epilogue (the caller
-// then runs the GEMM without it and our own kernels).
+// (BF16); C is float and the accumulation fp32 in both. beta = 0 does not read
+// C (it may hold anything, NaN included). Returns false, having done nothing,
+// when the library has no algorithm for the epilogue (the caller then runs the
+// GEMM without it and our own kernels).
 inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
                            int lda, const void* B, int ldb, float beta, float* C, int ldc,
                            const GemmEpilogue& epilogue = GemmEpilogue{}) {
@@ -263,105 +592,10 @@ inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
         std::fprintf(stderr, "%s:%d: matmul: an epilogue needs beta = 0\n", __FILE__, __LINE__);
         std::exit(1);
     }
-    const float alpha = 1.0f;
-#if defined(KNNGPT_CUDA_EMU)
-    const float* a = static_cast<const float*>(A);
-    const float* b = static_cast<const float*>(B);
-    if (precision == MatmulPrecision::BF16) {
-        // stored arrays: ld rows by (trans ? m : k) resp. (trans ? k : n) columns
-        a = widen_bf16(0, A, (size_t)lda * (trans_a ? m : k));
-        b = widen_bf16(1, B, (size_t)ldb * (trans_b ? k : n));
-    }
-    cblas_sgemm(CblasColMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
-                alpha, a, lda, b, ldb, beta, C, ldc);
-    // the emulated library's epilogue, elementwise in fp32 as cuBLASLt's
-    for (int j = 0; j < n && !epilogue.empty(); j++) {
-        for (int i = 0; i < m; i++) {
-            const size_t at = (size_t)j * ldc + i;
-            float x = C[at] + (epilogue.bias ? epilogue.bias[i] : 0.0f);
-            if (epilogue.gelu_input) {
-                epilogue.gelu_input[at] = x;
-                x = gelu_tanh(x);
-            }
-            C[at] = x;
-        }
-    }
+    const GemmPlan& plan = gemm_plan(gemm_key(precision, trans_a, trans_b, m, n, k, A, lda, B, ldb, C, ldc, epilogue));
+    if (!plan.has_algorithm) return false;
+    run_gemm_plan(plan, A, B, beta, C, epilogue);
     return true;
-#else
-    CublasLtContext& context = cublaslt_context();
-    const cudaDataType_t ab_type = precision == MatmulPrecision::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasLtMatmulDesc_t desc = nullptr;
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    if (!epilogue.empty()) {
-        // bias and GELU input in fp32, the type of D (the library's default)
-        cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
-        if (epilogue.gelu_input) kind = epilogue.bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &kind, sizeof(kind)));
-        if (epilogue.bias) {
-            KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue.bias,
-                                                               sizeof(epilogue.bias)));
-        }
-        if (epilogue.gelu_input) {
-            const int64_t aux_ld = ldc;  // the library needs a multiple of 8, else it offers no algorithm
-            KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                               &epilogue.gelu_input, sizeof(epilogue.gelu_input)));
-            KNNGPT_CUBLAS_CHECK(
-                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
-        }
-    }
-    // layouts describe the stored arrays, before op()
-    cublasLtMatrixLayout_t layout_a = nullptr, layout_b = nullptr, layout_c = nullptr;
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_a, ab_type, trans_a ? k : m, trans_a ? m : k, lda));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_b, ab_type, trans_b ? n : k, trans_b ? k : n, ldb));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout_c, CUDA_R_32F, m, n, ldc));
-    cublasLtMatmulPreference_t preference = nullptr;
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    const uint64_t workspace_bytes = kMatmulWorkspaceBytes;
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                             &workspace_bytes, sizeof(workspace_bytes)));
-    // the library assumes 256-byte aligned operands unless told otherwise; ours
-    // are offsets into larger buffers, so tell it what they really are
-    const uint32_t align_a = pointer_alignment(A), align_b = pointer_alignment(B), align_c = pointer_alignment(C);
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                             &align_a, sizeof(align_a)));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                             &align_b, sizeof(align_b)));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                             &align_c, sizeof(align_c)));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                             &align_c, sizeof(align_c)));
-    cublasLtMatmulHeuristicResult_t heuristic = {};
-    int returned = 0;
-    const cublasStatus_t found = cublasLtMatmulAlgoGetHeuristic(context.handle, desc, layout_a, layout_b, layout_c,
-                                                                layout_c, preference, 1, &heuristic, &returned);
-    // with an epilogue "not supported" (a status or no result) means: run it without
-    if (!epilogue.empty() && (found != CUBLAS_STATUS_SUCCESS || returned == 0)) {
-        KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
-        KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_c));
-        KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
-        KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
-        KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
-        return false;
-    }
-    KNNGPT_CUBLAS_CHECK(found);
-    if (returned == 0) {
-        std::fprintf(stderr, "%s:%d: cuBLASLt: no %s algorithm for m=%d n=%d k=%d\n", __FILE__, __LINE__,
-                     precision == MatmulPrecision::BF16 ? "bf16" : "fp32", m, n, k);
-        std::exit(1);
-    }
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmul(context.handle, desc, &alpha, A, layout_a, B, layout_b, &beta, C, layout_c, C,
-                                       layout_c, &heuristic.algo, context.workspace, kMatmulWorkspaceBytes, nullptr));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(preference));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_c));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_b));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(layout_a));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescDestroy(desc));
-    return true;
-#endif
 }
 
 }  // namespace detail
@@ -417,22 +651,41 @@ inline void matmul_forward_gelu(float* out_gelu, float* pre_gelu, const float* i
     matmul_forward_epilogue(pre_gelu, out_gelu, inp, weight, bias, N, C, OC);
 }
 
+// dinp = dout @ weight (overwritten: the GEMM's beta is 0, dinp is not read);
+// dweight += dout^T @ inp and dbias += sum_n dout[n, :] (accumulated).
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, int N, int C, int OC) {
-    if (N == 0 || OC == 0) return;
+    if (N == 0 || OC == 0) {  // an empty sum: dinp = 0, the others unchanged
+        if (N > 0 && C > 0) CUDA_CHECK(cudaMemset(dinp, 0, (size_t)N * C * sizeof(float)));
+        return;
+    }
     const MatmulPrecision precision = matmul_precision();
     const bool bf16 = precision == MatmulPrecision::BF16;
     // dout is an operand of both GEMMs: rounded once, in slot 0; slot 1 holds
     // weight, then inp (the stream orders the second conversion after the first GEMM)
     const void* dout_operand = bf16 ? (const void*)detail::to_bf16(0, dout, (size_t)N * OC) : dout;
     const void* weight_operand = bf16 ? (const void*)detail::weight_to_bf16(1, weight, (size_t)OC * C) : weight;
-    // dinp^T (C, N) += weight^T (C, OC) . dout^T (OC, N)
-    detail::gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 1.0f, dinp, C);
+    // dinp^T (C, N) = weight^T (C, OC) . dout^T (OC, N)
+    detail::gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 0.0f, dinp, C);
     const void* inp_operand = bf16 ? (const void*)detail::to_bf16(1, inp, (size_t)N * C) : inp;
     // dweight^T (C, OC) += inp^T (C, N) . dout (N, OC)
     detail::gemm_col_major(precision, false, true, C, OC, N, inp_operand, C, dout_operand, OC, 1.0f, dweight, C);
     if (dbias == nullptr) return;
-    launch(matmul_dbias_kernel, ceil_div(OC, 32), dim3(32, kMatmulDbiasStripes), 0, nullptr, dbias, dout, N, OC);
+    // dbias in two passes (see "dbias" in the file header): chunk partial sums, then their fixed-order sum
+    static DeviceScratch dbias_partial;  // (chunks, OC) floats, grown on demand, like the bf16 scratch
+    const int chunks = ceil_div(N, kMatmulDbiasChunkRows);
+    float* partial = static_cast<float*>(dbias_partial.get((size_t)chunks * OC * sizeof(float)));
+    launch(matmul_dbias_partial_kernel, dim3(ceil_div(OC, 32), chunks), dim3(32, kMatmulDbiasStripes), 0, nullptr,
+           partial, dout, N, OC);
+    launch(matmul_dbias_final_kernel, ceil_div(OC, kMatmulDbiasFinalThreads), kMatmulDbiasFinalThreads, 0, nullptr,
+           dbias, partial, chunks, OC);
 }
+
+// How the GEMM plan cache has been used (hits, misses, evictions, plans held).
+inline detail::MatmulPlanStats matmul_plan_stats() { return detail::matmul_library().stats; }
+
+// Frees the cached GEMM plans and, under nvcc, the cuBLASLt handle and
+// workspace; the next matmul creates them again. At exit this happens by itself.
+inline void matmul_release() { detail::matmul_library().release(); }
 
 }  // namespace knngpt::cuda
