@@ -34,7 +34,7 @@
 // + gridDim.x, .. of a longest-first order (the last tiles of each head, the longest
 // rows, first). Its budget: 2 x SMs x 32 x round_up(T, 4) x 4 bytes = 33.8 KB x T on
 // an H200 (132 SMs): 35 MB at T = 1K (about L2's 50 MB), 554 MB at T = 16K. Rows of
-// 32 x T x 4 bytes do not fit shared memory past T ~ 800 at two blocks per SM, hence
+// 32 x T x 4 bytes do not fit shared memory past T ~ 600 at two blocks per SM, hence
 // global memory for every T (one code path).
 //
 // Templates: causal_topk_brute_kernel<HS> for HS = 8, 16, 32, 64, 128, 256 (fixed
@@ -43,8 +43,8 @@
 //
 // Budget (sm_90, __launch_bounds__(256, 2): two blocks of 256 threads per SM, so at
 // most 128 registers a thread). Shared memory, dynamic: query tile 32 x HS, key tile
-// 64 x stride, histograms 8 x 256 words: 25.3 KB at HS 64, 49.0 KB at HS 128, 106.5 KB
-// at HS 256 (two blocks fit the 228 KB of an SM). `nvcc -Xptxas -v` (CUDA 13, sm_90):
+// 64 x stride, histograms 8 x 256 words: 33.0 KB at HS 64 (8 + 17 + 8), 57.0 KB at
+// HS 128, 105.0 KB at HS 256 (two blocks fit the 228 KB of an SM). `nvcc -Xptxas -v` (CUDA 13, sm_90):
 // registers a thread 117 / 106 / 128 / 124 / 124 / 126 for HS 8 / 16 / 32 / 64 / 128 /
 // 256, 94 for <0>; no spills, no stack, no static shared memory (the fixed head sizes
 // unroll their loops and use up to the 128 the bounds allow).
