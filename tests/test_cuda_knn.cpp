@@ -3,6 +3,9 @@
 //   kernels/cuda/topk_index.cuh        vs cpu::causal_topk_brute: identical lists, with
 //                                      rows of fewer than k keys, exact score ties
 //                                      (duplicated keys, quantised values), k = 1 .. >= T;
+//                                      T off the query and key tiles, several tiles a block,
+//                                      every fixed head size and the run-time one (odd HS,
+//                                      an unaligned qkv), each checked to run the kernel it names;
 //   kernels/cuda/tail_sampling.cuh     vs cpu::sample_tail_keys: identical idx and logw
 //                                      (bit for bit), with and without replacement, several
 //                                      seeds, batch0 0 and 2B + 1 (a call on later global
@@ -65,16 +68,19 @@ void quantise(vector<float>& qkv) {
     for (float& v : qkv) v = std::round(v * 2.0f) / 2.0f;
 }
 
-vector<int> cuda_topk(const vector<float>& qkv, const Shape& s, int k) {
-    DeviceArray<float> d_qkv(qkv);
+// offset floats before qkv on the device (offset 1: a pointer that is not 16-byte aligned)
+vector<int> cuda_topk(const vector<float>& qkv, const Shape& s, int k, int offset = 0) {
+    vector<float> shifted(offset, 0.0f);
+    shifted.insert(shifted.end(), qkv.begin(), qkv.end());
+    DeviceArray<float> d_qkv(shifted);
     DeviceArray<int> d_idx(vector<int>(s.rows() * k, -99));
-    knngpt::cuda::causal_topk_brute(d_idx.ptr, d_qkv.ptr, s.B, s.T, s.C, s.NH, k);
+    knngpt::cuda::causal_topk_brute(d_idx.ptr, d_qkv.ptr + offset, s.B, s.T, s.C, s.NH, k);
     return d_idx.to_host();
 }
 
-void expect_same_topk(const vector<float>& qkv, const Shape& s, int k) {
+void expect_same_topk(const vector<float>& qkv, const Shape& s, int k, int offset = 0) {
     const vector<int> expected = brute_topk(qkv, s, k);
-    const vector<int> got = cuda_topk(qkv, s, k);
+    const vector<int> got = cuda_topk(qkv, s, k, offset);
     ASSERT_EQ(got.size(), expected.size());
     size_t mismatches = 0, first = 0;
     for (size_t x = 0; x < got.size(); x++)
@@ -210,6 +216,88 @@ CUDA_TEST(CudaTopk, MatchesCpuWithLargeKAndLargeHeadSize) {
     expect_same_topk(attention_qkv(wide, 5), wide, 128);  // k = 128 with 32 rows that search
     const Shape deep{1, 21, 256, 1};
     expect_same_topk(attention_qkv(deep, 6), deep, 5);  // HS = 256
+}
+
+// Shapes off the tiles (32 queries, 64 keys): the last query tile partly full, the key
+// tiles' last one too, and more tiles than the emulator's 3 resident blocks, so a block
+// walks several (b, h, tile) items; k from 1 to past T, k = T - 1 and T - 2 among them.
+// kernel: the instantiation the shape must run (the fixed head size, or <0>).
+template <typename Kernel>
+void expect_same_topk_off_tiles(const Shape& s, unsigned seed, Kernel kernel, int offset = 0) {
+    const vector<float> qkv = attention_qkv(s, seed);
+    for (int k : {1, 7, 33, 64, s.T - 2, s.T - 1, s.T, s.T + 3}) {
+        const knngpt_test::Launches launched = knngpt_test::launches_of([&] { expect_same_topk(qkv, s, k, offset); });
+        EXPECT_EQ(launched.count(kernel), 1) << "HS " << s.HS() << " offset " << offset << ": " << launched.list();
+    }
+}
+
+CUDA_TEST(CudaTopk, MatchesCpuOffTheTilesForEveryFixedHeadSize) {
+    using knngpt::cuda::causal_topk_brute_kernel;
+    expect_same_topk_off_tiles(Shape{2, 100, 16, 2}, 11, causal_topk_brute_kernel<8>);
+    expect_same_topk_off_tiles(Shape{1, 97, 64, 2}, 12, causal_topk_brute_kernel<32>);
+    expect_same_topk_off_tiles(Shape{1, 130, 128, 2}, 13, causal_topk_brute_kernel<64>);
+    expect_same_topk_off_tiles(Shape{1, 67, 128, 1}, 14, causal_topk_brute_kernel<128>);
+}
+
+CUDA_TEST(CudaTopk, MatchesCpuOnRunTimeHeadSizes) {
+    using knngpt::cuda::causal_topk_brute_kernel;
+    expect_same_topk_off_tiles(Shape{1, 75, 21, 3}, 15, causal_topk_brute_kernel<0>);  // HS = 7
+    expect_same_topk_off_tiles(Shape{2, 41, 24, 2}, 16, causal_topk_brute_kernel<0>);  // HS = 12
+    expect_same_topk_off_tiles(Shape{1, 70, 128, 2}, 17, causal_topk_brute_kernel<0>, 1);  // HS = 64, unaligned qkv
+}
+
+CUDA_TEST(CudaTopk, MatchesCpuWithTiesAcrossKeyTiles) {
+    const Shape s{1, 150, 128, 2};  // HS = 64, three key tiles
+    vector<float> qkv = attention_qkv(s, 18);
+    duplicate_keys(qkv, s, 5);  // every score 30 times in a full row, spread over the key tiles
+    for (int k : {1, 4, 5, 6, 31, 32, 100, 149}) expect_same_topk(qkv, s, k);
+    const Shape q{1, 140, 64, 2};  // HS = 32, values in halves: few distinct scores
+    vector<float> quantised = attention_qkv(q, 19);
+    quantise(quantised);
+    for (int k : {1, 3, 50, 139}) expect_same_topk(quantised, q, k);
+}
+
+// Keys of each head all permutations of one vector of widely spread magnitudes, each
+// query one power of two in every channel (exact products): every score of a query is
+// the same real sum, and the fp32
+// chains differ only by their rounding, which the order of the additions decides. So
+// the lists pick keys by rounding alone, and a kernel that summed in another order
+// than attention_dot's (d = 0..HS-1) would pick others.
+vector<float> rounding_decides_qkv(const Shape& s, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+    std::uniform_int_distribution<int> exponent(-12, 12), sign(0, 1);
+    vector<float> qkv(s.qkv_size(), 0.0f);
+    const int HS = s.HS();
+    for (int h = 0; h < s.NH; h++) {
+        vector<float> v(HS);
+        for (float& x : v) x = std::ldexp(mantissa(rng), exponent(rng)) * (sign(rng) ? 1.0f : -1.0f);
+        for (int b = 0; b < s.B; b++)
+            for (int t = 0; t < s.T; t++) {
+                std::shuffle(v.begin(), v.end(), rng);
+                const float q = std::ldexp(sign(rng) ? 1.0f : -1.0f, exponent(rng) % 3);  // the same in every channel
+                for (int c = 0; c < HS; c++) {
+                    qkv[s.qkv_at(b, t, 0, h, c)] = q;
+                    qkv[s.qkv_at(b, t, 1, h, c)] = v[c];
+                }
+            }
+    }
+    return qkv;
+}
+
+CUDA_TEST(CudaTopk, MatchesCpuWhereRoundingAloneDecides) {
+    for (const Shape& s : {Shape{1, 90, 16, 2}, Shape{1, 90, 64, 2}, Shape{1, 90, 128, 2}, Shape{1, 90, 21, 3}}) {
+        const vector<float> qkv = rounding_decides_qkv(s, 20 + s.HS());
+        for (int k : {5, 40}) {
+            // the lists are not the ties' 0..k-1 of a search that saw equal scores
+            const vector<int> expected = brute_topk(qkv, s, k);
+            const vector<int> lowest(expected.end() - k, expected.end());
+            vector<int> first_k(k);
+            for (int t = 0; t < k; t++) first_k[t] = t;
+            ASSERT_NE(lowest, first_k) << "HS " << s.HS();
+            expect_same_topk(qkv, s, k);
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
