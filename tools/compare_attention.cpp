@@ -624,6 +624,13 @@ struct Progress {
     }
 };
 
+// mkdir -p
+void make_dirs(const std::string& path) {
+    for (size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1))
+        mkdir(path.substr(0, at).c_str(), 0755);
+    mkdir(path.c_str(), 0755);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -632,9 +639,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
     Options o = parse_args(argc, argv);
-    mkdir(o.out_dir.c_str(), 0755);
-    mkdir((o.out_dir + "/runs").c_str(), 0755);
-    if (!file_exists(o.out_dir)) die("--out " + o.out_dir + ": cannot create it");
+    make_dirs(o.out_dir + "/runs");
+    if (!file_exists(o.out_dir + "/runs")) die("--out " + o.out_dir + ": cannot create it");
 
     // the stored results, if they are of this configuration
     json db;
@@ -646,7 +652,8 @@ int main(int argc, char** argv) {
         } catch (const std::exception& e) {
             die(results_path + ": not valid JSON (" + e.what() + "); remove it to start again");
         }
-        if (db["configuration"] != configuration_json(o))
+        // (compared as unordered objects: a file edited by hand may list the keys in another order)
+        if (nlohmann::json::parse(db["configuration"].dump()) != nlohmann::json::parse(configuration_json(o).dump()))
             die(results_path + " holds results of another configuration (" + db["configuration"].dump() +
                 "): use another --out, or remove it");
     } else {
