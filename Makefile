@@ -85,6 +85,7 @@ help:
 	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
 	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
 	@echo "  make build/kmv_stats  how much of each attention row kmv's heavy keys hold, on a trained model"
+	@echo "  make build/compare_attention  attention settings trained and cross-evaluated against exact attention"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
@@ -162,7 +163,8 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 # Where nvcc exists, make test also builds train_gpt (compile and link). The
 # native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
-test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16
+test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
+      $(BUILD)/compare_attention
 	@bash tools/check_section_refs.sh
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
@@ -195,6 +197,12 @@ $(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(DEPDIR)/$(BUILD)/
 $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_attention.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+# attention settings against exact attention, trained and cross-evaluated by the
+# trainer (tools/compare_attention.cpp; needs nlohmann-json3-dev, no BLAS)
+$(BUILD)/compare_attention: tools/compare_attention.cpp $(DEPDIR)/$(BUILD)/compare_attention.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $<
 
 # kmv's heavy keys on a trained model (tools/kmv_stats.cpp)
 $(BUILD)/kmv_stats: tools/kmv_stats.cpp $(DEPDIR)/$(BUILD)/kmv_stats.d

@@ -193,7 +193,8 @@ TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
                              "--channels", "--max-seq-len", "--vocab", "--seed", "--attn", "--beta1", "--beta2",
                              "--eps", "--grad-clip", "--tokenizer", "--attn-k", "--attn-tail", "--attn-index",
                              "--attn-grad", "--attn-grad-samples", "--attn-grad-source", "--attn-grad-dv",
-                             "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-seed", "--attn-eval"}) {
+                             "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-seed", "--attn-eval",
+                             "--eval-only"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
         EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README.md";
@@ -264,6 +265,38 @@ TEST_F(Trainer, AttnEvalReportsValidationLossUnderOtherSettings) {
     EXPECT_NEAR(losses["exact"], losses["trained"], 1e-6);         // trained with exact
     EXPECT_NEAR(losses["knn:k=32"], losses["trained"], 1e-4);      // k >= T is exact
     EXPECT_NE(losses["knn:k=4"], losses["trained"]);
+}
+
+// --eval-only: the model file of a run, evaluated under the run's flags, gives the
+// val loss the run printed at its end (the same batches and draws), and another
+// setting another loss; it needs no train data and writes nothing.
+TEST_F(Trainer, EvalOnlyGivesTheValLossTheTrainingPrinted) {
+    const std::string dir = tmp.file("run_eval");
+    const std::string attn = " --attn knn-tail --attn-k 4 --attn-tail 4 --attn-seed 3";
+    RunResult trained = run(base() + " -x 6 -m 3" + attn + " -o " + dir, tmp);
+    ASSERT_EQ(trained.exit_code, 0) << trained.err;
+    const std::string model = dir + "/model_00000006.bin";
+    const std::string eval = program_path("train_gpt_cpu") + " -i " + tmp.file("no_train_data.bin") + " -j " + val +
+                             " -b 4 -t 32 -m 3 -e " + model + " --eval-only 1";
+    RunResult same = run(eval + attn + " --attn-eval exact", tmp);
+    ASSERT_EQ(same.exit_code, 0) << same.err;
+    std::smatch m;
+    const std::regex summary(R"(done: evaluation only in [0-9.]+ s \| 3 val batches \| val loss ([0-9.]+) \| perplexity)");
+    ASSERT_TRUE(std::regex_search(same.out, m, summary)) << same.out;
+    EXPECT_EQ(std::stod(m[1]), knngpt_test::final_val_loss(trained.out)) << "trained:\n" << trained.out << "\neval:\n" << same.out;
+    EXPECT_NE(same.out.find("| attention exact"), std::string::npos) << same.out;
+    EXPECT_EQ(same.out.find("---- sample"), std::string::npos) << "evaluation drew a sample";
+    EXPECT_EQ(same.out.find("step    1/"), std::string::npos) << "evaluation trained";
+    RunResult other = run(eval + " --attn knn --attn-k 2", tmp);
+    ASSERT_EQ(other.exit_code, 0) << other.err;
+    ASSERT_TRUE(std::regex_search(other.out, m, summary)) << other.out;
+    EXPECT_NE(std::stod(m[1]), knngpt_test::final_val_loss(trained.out));
+    for (const char* flags : {" -o ", " -y 1 -o "}) {
+        RunResult refused = run(eval + flags + tmp.file("never"), tmp);
+        EXPECT_EQ(refused.exit_code, 1);
+        EXPECT_NE(refused.err.find("--eval-only 1 trains nothing"), std::string::npos) << refused.err;
+        EXPECT_FALSE(exists(tmp.file("never")));
+    }
 }
 
 TEST_F(Trainer, ResumeKeepsTheAttentionSamplesExact) {

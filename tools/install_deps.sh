@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages knngpt needs, skipping those already present.
-#   bash tools/install_deps.sh           build + quick start (compiler, OpenBLAS, OpenMPI, bible-kjv text)
+#   bash tools/install_deps.sh           build + quick start (compiler, OpenBLAS, OpenMPI, bible-kjv text),
+#                                        and compare_attention's JSON library and plots (nlohmann-json, matplotlib)
 #   bash tools/install_deps.sh --tests   also what `make test` needs (GoogleTest, python3-torch)
 set -euo pipefail
-packages=(g++ make libopenblas-openmp-dev openmpi-bin libopenmpi-dev bible-kjv)
+packages=(g++ make libopenblas-openmp-dev openmpi-bin libopenmpi-dev bible-kjv nlohmann-json3-dev python3-matplotlib)
 if [ "${1:-}" = "--tests" ]; then
   packages+=(libgtest-dev python3-torch python3-numpy)
 fi

@@ -13,10 +13,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dirent.h>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <sys/stat.h>
@@ -27,10 +27,12 @@
 #include "kernels/common/draws.h"
 #include "kernels/common/rng.h"
 #include "model/checkpoint.h"
+#include "model/checkpoint_dir.h"
 #include "model/comm.h"
 #include "model/gpt.h"
 #include "model/lr_schedule.h"
 #include "train/attention_flags.h"
+#include "train/duration.h"
 #include "train/flag_values.h"
 
 using namespace knngpt;
@@ -59,6 +61,7 @@ struct Options {
     int checkpoint_every = 0;            // -n
     int resume = 0;                      // -y
     int overfit_single_batch = 0;        // -a
+    int eval_only = 0;                   // --eval-only
     uint64_t seed = 1337;                // --seed
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;  // --beta1 --beta2 --eps
     float grad_clip = 1.0f;              // --grad-clip
@@ -139,6 +142,8 @@ Evaluation, sampling, output
   -o DIR           output directory for main.log and checkpoints (default: none)
   -n N             write a checkpoint every N steps, and at the end (needs -o; default 0 = only at the end)
   -y 0|1           resume from the latest checkpoint in -o (default 0)
+  --eval-only 0|1  1: no training: the validation loss of the model (-e) under the attention flags
+                   (and --attn-eval), one summary line; no train data, sample or files (default 0)
   -h, --help       this help
 Several processes (data parallel; start them with mpirun or srun, README "Several processes")
   -z 0|1           ZeRO stage: 0 all-reduces the gradients, 1 also shards the AdamW state (default 0)
@@ -233,6 +238,7 @@ static Options parse_args(int argc, char** argv) {
         {"-x", integer_l(&o.max_steps)}, {"-v", integer(&o.val_every)}, {"-m", integer(&o.val_max_steps)},
         {"-s", integer(&o.sample_every)}, {"-g", integer(&o.gen_tokens)}, {"-n", integer(&o.checkpoint_every)},
         {"-y", integer(&o.resume)}, {"-a", integer(&o.overfit_single_batch)},
+        {"--eval-only", integer(&o.eval_only)},
         {"--seed", [&o](const std::string& f, const char* v) { o.seed = (uint64_t)parse_long(f, v); }},
         {"--beta1", real(&o.beta1)}, {"--beta2", real(&o.beta2)}, {"--eps", real(&o.eps)},
         {"--grad-clip", real(&o.grad_clip)}, {"--shuffle", integer(&o.shuffle)},
@@ -276,6 +282,8 @@ static Options parse_args(int argc, char** argv) {
     if (o.shuffle != 0 && o.shuffle != 1) die("--shuffle takes 0 or 1");
     if (o.resume != 0 && o.resume != 1) die("-y takes 0 or 1");
     if (o.overfit_single_batch != 0 && o.overfit_single_batch != 1) die("-a takes 0 or 1");
+    if (o.eval_only != 0 && o.eval_only != 1) die("--eval-only takes 0 or 1");
+    if (o.eval_only && (o.resume || !o.output_dir.empty())) die("--eval-only 1 trains nothing: drop -o and -y");
     if (o.val_every < 0 || o.sample_every < 0 || o.checkpoint_every < 0) die("-v, -s and -n must be >= 0");
     if (o.gen_tokens < 1) die("-g: sample length must be >= 1");
     if (o.max_steps == 0 || o.max_steps < -1) die("-x: number of steps must be >= 1 (or -1 for one epoch)");
@@ -348,36 +356,6 @@ static ModelSource model_source(const Options& o, const std::string& resume_mode
 }
 
 // ----------------------------------------------------------------------------
-// Checkpoints in the output directory: model_%08d.bin + state_%08d.bin
-
-static std::string checkpoint_path(const std::string& dir, const char* kind, int step) {
-    char name[64];
-    snprintf(name, sizeof(name), "%s_%08d.bin", kind, step);
-    return dir + "/" + name;
-}
-
-static bool file_exists(const std::string& p) {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0;
-}
-
-// The latest step with both a model and a state file, or -1.
-static int latest_checkpoint(const std::string& dir) {
-    int best = -1;
-    DIR* d = opendir(dir.c_str());
-    if (!d) return -1;
-    while (struct dirent* e = readdir(d)) {
-        int step;
-        char tail;
-        if (sscanf(e->d_name, "state_%8d.bi%c", &step, &tail) == 2 && tail == 'n' &&
-            strlen(e->d_name) == strlen("state_00000000.bin") && file_exists(checkpoint_path(dir, "model", step)))
-            best = std::max(best, step);
-    }
-    closedir(d);
-    return best;
-}
-
-// ----------------------------------------------------------------------------
 // Sampling
 
 static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_tokens) {
@@ -410,13 +388,18 @@ static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_to
 
 // ----------------------------------------------------------------------------
 
+// How many batches a validation reads: the first max_batches (-1: all).
+static int validation_batches(const DataLoader& loader, int max_batches) {
+    int n = (int)loader.batches_per_epoch();
+    return max_batches >= 0 ? std::min(n, max_batches) : n;
+}
+
 // The mean validation loss over the first max_batches batches (every rank
 // reads its own rows of each, so the mean over the ranks is the whole batches').
 static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vector<int>& inputs, std::vector<int>& targets,
                        Comm& comm) {
     loader.reset();
-    int n = (int)loader.batches_per_epoch();
-    if (max_batches >= 0) n = std::min(n, max_batches);
+    const int n = validation_batches(loader, max_batches);
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         loader.next_batch(inputs.data(), targets.data());
@@ -425,15 +408,6 @@ static double evaluate(GPT& model, DataLoader& loader, int max_batches, std::vec
         sum += model.mean_loss;
     }
     return n > 0 ? comm.all_reduce_host(sum / n, ReduceOp::Mean) : NAN;
-}
-
-static std::string format_duration(double seconds) {
-    char buf[64];
-    long s = (long)(seconds + 0.5);
-    if (s >= 3600) snprintf(buf, sizeof(buf), "%ldh%02ldm", s / 3600, (s % 3600) / 60);
-    else if (s >= 60) snprintf(buf, sizeof(buf), "%ldm%02lds", s / 60, s % 60);
-    else snprintf(buf, sizeof(buf), "%lds", s);
-    return buf;
 }
 
 static int run(const Options& o) {
@@ -474,10 +448,14 @@ static int run(const Options& o) {
     if (!o.tokenizer.empty()) tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_llmc_file(o.tokenizer));
     else if (cfg.vocab_size <= 256) tokenizer = std::make_unique<Tokenizer>(Tokenizer::byte_level());
 
-    DataLoader train_loader(o.train_pattern, o.B, o.T, rank, world, o.shuffle != 0, o.seed, cfg.vocab_size);
+    // --eval-only: no train data, zero steps (the loop below validates once and stops)
+    std::optional<DataLoader> train_loader;
+    if (!o.eval_only) train_loader.emplace(o.train_pattern, o.B, o.T, rank, world, o.shuffle != 0, o.seed, cfg.vocab_size);
     DataLoader val_loader(o.val_pattern, o.B, o.T, rank, world, false, o.seed, cfg.vocab_size);
-    long train_steps = o.max_steps > 0 ? o.max_steps : (long)(train_loader.batches_per_epoch() / accum_steps);
-    if (train_steps < 1) die("the train data holds fewer batches than one optimizer step needs");
+    long train_steps = o.eval_only ? 0
+                       : o.max_steps > 0 ? o.max_steps
+                                         : (long)(train_loader->batches_per_epoch() / accum_steps);
+    if (!o.eval_only && train_steps < 1) die("the train data holds fewer batches than one optimizer step needs");
     if ((double)train_steps >= (double)kSamplingDrawStep)
         die("-x " + std::to_string(train_steps) + " steps pass the 2^30 training steps of the attention draws "
             "(kernels/common/draws.h)");
@@ -501,7 +479,7 @@ static int run(const Options& o) {
                 std::to_string(world) + ": its data position would not carry over (choose -b to match)");
         gpt_set_optimizer_state(model, st);
         sample_rng.state = st.rng_state;
-        train_loader.restore({st.data_epoch, st.data_shard_pos, st.data_batch_pos});
+        train_loader->restore({st.data_epoch, st.data_shard_pos, st.data_batch_pos});
         start_step = st.step;
         if (attn_description(st.attn) != attn_description(attn))
             printf("note: the checkpoint trained with attention '%s'; continuing with '%s'\n",
@@ -529,12 +507,13 @@ static int run(const Options& o) {
     row("parameters", std::to_string(model.num_parameters));
     row("attention", attn_description(attn));
     for (const auto& [spec, a] : eval_attns) row("also evaluated", attn_description(a));
-    row("train data", fmt("%s (%zu tokens)", o.train_pattern.c_str(), train_loader.num_tokens()));
+    row("train data", o.eval_only ? std::string("none (evaluation only)")
+                                  : fmt("%s (%zu tokens)", o.train_pattern.c_str(), train_loader->num_tokens()));
     row("val data", fmt("%s (%zu tokens)", o.val_pattern.c_str(), val_loader.num_tokens()));
     row("batch", world == 1 ? fmt("B %d, T %d, accumulation %d -> %ld tokens/step", o.B, o.T, accum_steps, total_batch)
                             : fmt("B %d x %d processes, T %d, accumulation %d -> %ld tokens/step", o.B, world, o.T,
                                   accum_steps, total_batch));
-    row("steps", fmt("%ld (from step %d)", train_steps, start_step));
+    row("steps", o.eval_only ? std::string("0 (evaluation only)") : fmt("%ld (from step %d)", train_steps, start_step));
     row("schedule", fmt("lr %.2e, %s, warmup %d, final frac %.3g", o.lr, lr_schedule_name(schedule), o.warmup,
                         o.final_lr_frac));
     row("AdamW", fmt("beta1 %g, beta2 %g, eps %g, weight decay %g, clip %g", o.beta1, o.beta2, o.eps,
@@ -558,7 +537,7 @@ static int run(const Options& o) {
         st.global_rows = world * o.B;
         st.shuffle = o.shuffle != 0;
         st.rng_state = sample_rng.state;
-        DataLoaderState ds = train_loader.state();
+        DataLoaderState ds = train_loader->state();
         st.data_epoch = ds.epoch;
         st.data_shard_pos = ds.shard_pos;
         st.data_batch_pos = ds.batch_pos;
@@ -586,7 +565,7 @@ static int run(const Options& o) {
     };
     int timed_steps = 0;
     auto run_start = clock::now();
-    if (o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
+    if (o.overfit_single_batch && !o.eval_only) train_loader->next_batch(inputs.data(), targets.data());
 
     for (int step = start_step; step <= train_steps; step++) {
         bool last_step = step == train_steps;
@@ -604,7 +583,7 @@ static int run(const Options& o) {
             gpt_set_attention(model, attn);
         }
         // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
-        if (rank == 0 && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step)) {
+        if (rank == 0 && !o.eval_only && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step)) {
             std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens);
             printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
         }
@@ -618,7 +597,7 @@ static int run(const Options& o) {
         gpt_zero_grad(model);
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum_steps; micro++) {
-            if (!o.overfit_single_batch) train_loader.next_batch(inputs.data(), targets.data());
+            if (!o.overfit_single_batch) train_loader->next_batch(inputs.data(), targets.data());
             // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
             // the weight of a token in the mean over every rank's every micro-batch
             const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps * world);
@@ -642,6 +621,11 @@ static int run(const Options& o) {
     }
     double wall = std::chrono::duration<double>(clock::now() - run_start).count();
     const double mean_ms = timed_steps ? total_ms / timed_steps : 0.0;
+    if (o.eval_only) {
+        printf("done: evaluation only in %.1f s | %d val batches | val loss %.6f | perplexity %.4f\n", wall,
+               validation_batches(val_loader, o.val_max_steps), last_val_loss, std::exp(last_val_loss));
+        return 0;
+    }
     printf("done: %ld steps in %.1f s | mean %.1f ms/step | %.0f tok/s%s | final train loss %.6f | val loss %.6f | "
            "perplexity %.4f\n",
            train_steps - start_step, wall, mean_ms, mean_ms > 0 ? total_batch / (mean_ms / 1000.0) : 0.0,
