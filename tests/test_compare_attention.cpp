@@ -259,6 +259,7 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
         {command(text, dir, {"exact"}, "", std::string(kBase) + " --seed 3"), "trainer flag --seed after --"},
         {command(text, dir, {"exact"}, "--seeds 1,1"), "seed 1 is given twice"},
         {command(text, dir, {"exact", "--attn exact"}), "is given twice"},
+        {command(text, dir, {"knn --attn-k 4", "--attn-k 4 --attn knn"}), "would share the name 'knn_k=4'"},
         {command(text, dir, {"exact"}, "--seeds 1,x"), "--seeds: expected an integer, got 'x'"},
         {command(text, dir, {"exact", "knn --attn-k"}), "expected flag-value pairs"},
         {command(text, dir, {"exact", "gumbel"}), "the trainer refuses it: train_gpt: error: --attn gumbel has no exact gradient"},

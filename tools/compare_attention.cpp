@@ -223,8 +223,13 @@ Options parse_args(int argc, char** argv) {
     if (settings.empty()) die("no --setting given (e.g. --setting exact --setting \"knn --attn-k 16\")");
     for (const auto& text : settings) {
         Setting s = parse_setting(text);
-        for (const auto& other : o.settings)
+        for (const auto& other : o.settings) {
             if (other.flags == s.flags) die("--setting '" + text + "' is given twice");
+            // run directories and logs are named after the label: two settings must not share one
+            if (file_name_of(other.label) == file_name_of(s.label))
+                die("--setting '" + text + "' and '" + other.flags + "' would share the name '" +
+                    file_name_of(s.label) + "' (the same flags in another order?)");
+        }
         o.settings.push_back(s);
     }
     for (size_t a = 0; a < o.seeds.size(); a++)

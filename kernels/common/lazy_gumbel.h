@@ -6,8 +6,8 @@
 // this code, so for the same row and draw site every backend picks the same key.
 // Everything here is KNNGPT_HD (__host__ __device__ under nvcc) and uses only what
 // compiles in both: <cmath>'s exp, expm1, log1p, log and floor (a few per row or
-// sample) and sampler_log.h's logarithms (every Gumbel, skip and truncated Gumbel, side
-// by side in batches of 8); no allocation, no output, no abort. The argument checks
+// sample) and sampler_log.h's logarithms (every Gumbel, skip and truncated Gumbel; skips
+// side by side in batches of 8, exceeders in batches of kLazyGumbelScoreBatch); no allocation, no output, no abort. The argument checks
 // live in the host wrapper.
 //
 // Attention as an expectation (§1): for query i with keys C_i = {0..i},
@@ -52,7 +52,9 @@
 // call sample_index * D + d/2, pair d % 2:
 //   DRAW_HEAD_GUMBEL       d = 0: the head maximum's Gumbel G_0; d = 1: the uniform that
 //                          picks the head slot
-//   DRAW_GEOMETRIC_SKIP    d = walk step (at most |R_i| + 1 <= n_i steps)
+//   DRAW_GEOMETRIC_SKIP    d = walk step (at most |R_i| + 1 <= n_i steps; drawn 8 at a
+//                          time, so up to 7 draws past the walk's end are computed and
+//                          never used, some in the next sample's block)
 //   DRAW_TRUNCATED_GUMBEL  d = tail position (truncated Gumbel for walk exceeders,
 //                          full Gumbel for positions swept after a fallback; a row
 //                          with an empty head set uses it for its plain Gumbel-max)
@@ -268,7 +270,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             if (pending == 0) return;
             float s32[kLazyGumbelScoreBatch];
             attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
-            // the truncated Gumbels side by side (unused lanes: a harmless -1/2)
+            // the truncated Gumbels side by side (unused lanes repeat lane 0's draw: in range, unread)
             double E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
             for (int e = 0; e < kLazyGumbelScoreBatch; e++)  // E = -log1p(x) is Exp(1) below e^-B
                 pending_x[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e < pending ? e : 0]) *
