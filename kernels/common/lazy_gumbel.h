@@ -20,7 +20,7 @@
 //      law softmax over S_i (§4.3), so  M = log Z_S + G_0  and  J = the first slot whose
 //      cumulative weight sum_{slots <= h} e^{s_ij - s_max} exceeds u Z_S e^{-s_max}:
 //      one Philox call (two uniforms) per sample, and the row's head summary
-//      (LazyGumbelHead: scores, their cumulative weights, s_min) computed once
+//      (LazyGumbelHead: s_max, s_min and the cumulative weights) computed once
 //   2. B = M - s_min,  s_min = min_{j in S_i} s_ij;  p = P(G > B) = -expm1(-e^{-B})
 //   3. walk the tail positions 0..|R_i|-1 (R_i = C_i \ S_i, ascending key order) with
 //      independent Geometric(p) skips, skip = floor(log u / log1p(-p)): every visited
@@ -101,44 +101,38 @@ KNNGPT_HD double lazy_gumbel_uniform(const DrawSite& site, uint32_t purpose, uin
 }
 
 // The head of a row (step 1), the same for all its samples: the valid top-k slots
-// (they come first, then -1), their scores s_j, s_max and s_min, and the cumulative
+// (they come first, then -1), s_max and s_min of their scores s_j, and the cumulative
 // weights cdf[h] = sum_{slots <= h} exp(s_j - s_max), fp64 in slot order. Built by
 // lazy_gumbel_head_prepare, once per row, by callers that draw several samples of it;
-// with no buffers (scores, cdf null) the sampler recomputes the scores and the same sums
-// while it picks, so both ways give the same sample.
+// with no buffer (cdf null) the sampler recomputes the scores and the same sums while it
+// picks, so both ways give the same sample.
 struct LazyGumbelHead {
     int count = 0;                 // valid slots
     double s_max = -(double)INFINITY, s_min = (double)INFINITY;
     double mass = 0.0;             // cdf[count - 1]: Z_S e^{-s_max}
-    const double* scores = nullptr;  // (count) or null
-    const double* cdf = nullptr;     // (count) or null
+    const double* cdf = nullptr;   // (count) or null
 };
 
-// The score of head slot h: given, or attention_score.
-KNNGPT_HD double lazy_gumbel_head_score(const LazyGumbelHead& head, int h, const float* q_i, const float* keys,
-                                        int stride, int HS, float tau, const int* topk) {
-    return head.scores ? head.scores[h] : attention_score(q_i, keys + (size_t)topk[h] * stride, HS, tau);
-}
-
-// Fills `head` for the top-k slots of a row; scores and cdf: buffers of k doubles that
-// it fills and keeps pointers to, or both null (then `head` holds no arrays).
-KNNGPT_HD void lazy_gumbel_head_prepare(LazyGumbelHead* head, double* scores, double* cdf, const float* q_i,
-                                        const float* keys, int stride, int HS, float tau, const int* topk, int k) {
+// Fills `head` for the top-k slots of a row; cdf: a buffer of k doubles that it fills
+// (first with the scores, then, in place, with their cumulative weights) and keeps a
+// pointer to, or null (then `head` holds no array and the scores are computed twice).
+KNNGPT_HD void lazy_gumbel_head_prepare(LazyGumbelHead* head, double* cdf, const float* q_i, const float* keys,
+                                        int stride, int HS, float tau, const int* topk, int k) {
     LazyGumbelHead h;
     for (; h.count < k && topk[h.count] >= 0; h.count++) {
         const double s = attention_score(q_i, keys + (size_t)topk[h.count] * stride, HS, tau);
-        if (scores) scores[h.count] = s;
+        if (cdf) cdf[h.count] = s;
         h.s_max = s > h.s_max ? s : h.s_max;
         h.s_min = s < h.s_min ? s : h.s_min;
     }
-    if (scores && cdf) h.scores = scores;
     double running = 0.0;
     for (int slot = 0; slot < h.count; slot++) {
-        running += exp(lazy_gumbel_head_score(h, slot, q_i, keys, stride, HS, tau, topk) - h.s_max);
-        if (scores && cdf) cdf[slot] = running;
+        const double s = cdf ? cdf[slot] : attention_score(q_i, keys + (size_t)topk[slot] * stride, HS, tau);
+        running += exp(s - h.s_max);
+        if (cdf) cdf[slot] = running;
     }
     h.mass = running;
-    if (scores && cdf) h.cdf = cdf;
+    h.cdf = cdf;
     *head = h;
 }
 
@@ -159,9 +153,9 @@ KNNGPT_HD int lazy_gumbel_head_pick(const LazyGumbelHead& head, double target, c
     } else {
         double running = 0.0;
         for (int h = 0; h < head.count; h++) {
-            const double next = running + exp(lazy_gumbel_head_score(head, h, q_i, keys, stride, HS, tau, topk) -
+            const double next = running + exp(attention_score(q_i, keys + (size_t)topk[h] * stride, HS, tau) -
                                               head.s_max);
-            if (next > target) { slot = h, below = running, above = next; break; }
+            if (next > target || h == head.count - 1) { slot = h, below = running, above = next; break; }
             running = next;
         }
     }
@@ -219,7 +213,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     // 1. head: M = log Z_S + G_0, and the slot picked by softmax over S_i
     LazyGumbelHead own_head;
     if (!head) {
-        lazy_gumbel_head_prepare(&own_head, nullptr, nullptr, q_i, keys, stride, HS, tau, topk, k);
+        lazy_gumbel_head_prepare(&own_head, nullptr, q_i, keys, stride, HS, tau, topk, k);
         head = &own_head;
     }
     double M = -inf, M_magnitude = 0.0;  // M and the magnitudes of its terms (margins)
@@ -227,7 +221,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     int best = -1;
     if (head->count > 0) {
         const Philox4 w = philox_draw(site, DRAW_HEAD_GUMBEL, base);
-        const double g0 = -sampler_log(-sampler_log(uniform_open01_f64(w.x[0], w.x[1])));
+        const double g0 = sampler_gumbel(uniform_open01_f64(w.x[0], w.x[1]));
         const double log_mass = log(head->mass);
         M = head->s_max + log_mass + g0;
         M_magnitude = fabs(head->s_max) + fabs(log_mass) + fabs(g0);
@@ -242,7 +236,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
     if (tail > 0 && head_count == 0) {
         // no head set: a plain Gumbel-max over the whole row (tail position = key)
         for (int j = 0; j < n_i; j++) {
-            const double g = -sampler_log(-sampler_log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j)));
+            const double g = sampler_gumbel(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, j));
             const double s = attention_score(q_i, keys + (size_t)j * stride, HS, tau);
             if (margin) margin->compare(s + g, M, fmax(fabs(s) + fabs(g), M_magnitude));
             if (s + g > M) { M = s + g; M_magnitude = fabs(s) + fabs(g); best = j; }
@@ -263,26 +257,24 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         // (attention_scores), then compared in walk order: the same samples as one by one.
         int pending_key[kLazyGumbelScoreBatch];
         const float* pending_ptr[kLazyGumbelScoreBatch];
-        int pending_pos[kLazyGumbelScoreBatch];     // tail positions (their truncated Gumbels' draws)
-        double pending_x[kLazyGumbelScoreBatch];  // u expm1(-e^-B) of each exceeder
+        int pending_pos[kLazyGumbelScoreBatch];  // tail positions (their truncated Gumbels' draws)
         int pending = 0;
         auto compare_pending = [&]() {
             if (pending == 0) return;
             float s32[kLazyGumbelScoreBatch];
             attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
             // the truncated Gumbels side by side (unused lanes repeat lane 0's draw: in range, unread)
-            double E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
-            for (int e = 0; e < kLazyGumbelScoreBatch; e++)  // E = -log1p(x) is Exp(1) below e^-B
-                pending_x[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e < pending ? e : 0]) *
+            double x_t[kLazyGumbelScoreBatch], E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
+            for (int e = 0; e < kLazyGumbelScoreBatch; e++)  // x = u expm1(-e^-B); E = -log1p(x) is Exp(1) below e^-B
+                x_t[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e < pending ? e : 0]) *
                                trunc_scale;
-            for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(pending_x[e]);
+            for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(x_t[e]);
             for (int e = 0; e < kLazyGumbelScoreBatch; e++) g[e] = -sampler_log(E[e]);  // Gumbel truncated to (B, inf)
             for (int e = 0; e < pending; e++) {
                 const double s = s32[e];
                 if (margin) {
                     // log1p(x) near x = -1 magnifies x's error by |x| / (1 + x), then -log by 1 / E
-                    const double x_t = pending_x[e];
-                    const double amplification = fmax(1.0, fabs(x_t) / ((1.0 + x_t) * E[e]));
+                    const double amplification = fmax(1.0, fabs(x_t[e]) / ((1.0 + x_t[e]) * E[e]));
                     margin->compare(s + g[e], M, fmax(fabs(s) + fabs(g[e]), M_magnitude), amplification);
                 }
                 if (s + g[e] > M) { M = s + g[e]; M_magnitude = fabs(s) + fabs(g[e]); best = pending_key[e]; }
@@ -312,8 +304,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
                 // cap hit: finish the row densely with full Gumbels (exact, see the header)
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
-                    const double gr =
-                        -sampler_log(-sampler_log(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest)));
+                    const double gr = sampler_gumbel(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest));
                     if (margin) margin->compare(gr, B, fabs(gr) + M_magnitude + fabs(s_min));
                     if (gr <= B) continue;  // s + g <= s_min + B = M: cannot win
                     x++;

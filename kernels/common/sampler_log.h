@@ -5,6 +5,7 @@
 //
 //   sampler_log(x)    log x for x > 0 finite (subnormals included)
 //   sampler_log1p(x)  log(1 + x) for x > -1 finite
+//   sampler_gumbel(u) -log(-log u), a standard Gumbel, for u in (0, 1)
 //
 // log: x = 2^e m with m in [sqrt(2)/2, sqrt(2)), then with f = m - 1 (exact) and
 // s = f / (2 + f), |s| <= 0.1716:
@@ -80,5 +81,8 @@ KNNGPT_HD double sampler_log1p(double x) {
     const double rounding = x - (u - 1.0);     // what u lost (both subtractions exact)
     return sampler_log(u) + rounding / u;      // log(u + rounding) to first order
 }
+
+// A standard Gumbel from a uniform in (0, 1): -log(-log u).
+KNNGPT_HD double sampler_gumbel(double u) { return -sampler_log(-sampler_log(u)); }
 
 }  // namespace knngpt

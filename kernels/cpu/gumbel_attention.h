@@ -99,7 +99,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
         DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<float> group_means((size_t)r * HS);  // (r, HS)
         std::vector<float> column(r);
-        std::vector<double> head_scores(k), head_cdf(k);  // the row's head, shared by its samples
+        std::vector<double> head_cdf(k);  // the row's head, shared by its samples
         #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -112,8 +112,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                     const int n_i = i + 1;
                     const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
                     LazyGumbelHead head;
-                    lazy_gumbel_head_prepare(&head, head_scores.data(), head_cdf.data(), q_i, keys, C3, HS, tau,
-                                             topk, k);
+                    lazy_gumbel_head_prepare(&head, head_cdf.data(), q_i, keys, C3, HS, tau, topk, k);
                     const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head.count, head.count);
                     // r group means of t samples of v_J
                     for (int g = 0; g < r; g++) {

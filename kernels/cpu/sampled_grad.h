@@ -138,7 +138,7 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
 
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
 // panel, dots: as sampled_grad_exact_row_cdf's (ExactRow; optional).
-// cdf: scratch of max(n_i, 2k) doubles: the cumulative weights (ExactRow), or the row's
+// cdf: scratch of max(n_i, k) doubles: the cumulative weights (ExactRow), or the row's
 // head summary, computed once for all its samples (LazyGumbel: lazy_gumbel_head_prepare). Returns exceeders and fallbacks in the counters;
 // margin (tests): the draws' margins (kernels/common/draws.h).
 inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source, const float* q_i,
@@ -154,9 +154,8 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
         }
     } else {
-        // the row's head summary: scores in cdf[0, k), cumulative weights in cdf[k, 2k)
-        LazyGumbelHead head;
-        lazy_gumbel_head_prepare(&head, cdf, cdf + k, q_i, keys, stride, HS, tau, topk, k);
+        LazyGumbelHead head;  // the row's head summary, its cumulative weights in cdf[0, k)
+        lazy_gumbel_head_prepare(&head, cdf, q_i, keys, stride, HS, tau, topk, k);
         const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head.count, head.count);
         for (int m = 0; m < count; m++) {
             int x = 0;
@@ -195,7 +194,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         DrawMargin margin;  // this thread's draws (walk starts too), when stats are asked for
         DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<double> dk_head((size_t)T * HS), dv_head((size_t)T * HS), dq_row(HS);  // fp64 sums
-        std::vector<double> cdf(std::max(T, 2 * k));
+        std::vector<double> cdf(std::max(T, k));
         // ExactRow: the head's keys as 8-lane panels, packed once per (b, h), and the row's scores
         std::vector<float> panel, dots;
         if (source == GradSampleSource::ExactRow) {
