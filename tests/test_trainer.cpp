@@ -316,6 +316,40 @@ TEST_F(Trainer, ResumeKeepsTheAttentionSamplesExact) {
     EXPECT_NE(other.out.find("note: the checkpoint trained with attention 'knn-tail"), std::string::npos) << other.out;
 }
 
+// --attn-warmup N: the first N steps train exactly as an exact run (bit for bit),
+// the later ones with the configured attention; a resume before the switch lands
+// on the same losses as the uninterrupted run.
+TEST_F(Trainer, AttnWarmupTrainsExactFirstThenTheConfiguredAttention) {
+    RunResult exact = run(base() + " -x 8 --attn exact", tmp);
+    RunResult knn = run(base() + " -x 8 --attn knn --attn-k 4", tmp);
+    const std::string dir = tmp.file("run_warmup");
+    const std::string cmd = base() + " -x 8 -n 2 --attn knn --attn-k 4 --attn-warmup 4 -o " + dir;
+    RunResult warm = run(cmd, tmp);
+    ASSERT_EQ(exact.exit_code, 0) << exact.err;
+    ASSERT_EQ(knn.exit_code, 0) << knn.err;
+    ASSERT_EQ(warm.exit_code, 0) << warm.err;
+    EXPECT_NE(warm.out.find("seed 0 after 4 exact steps"), std::string::npos) << warm.out;
+    auto e = step_losses(exact.out), k = step_losses(knn.out), w = step_losses(warm.out);
+    ASSERT_EQ(w.size(), 8u);
+    for (int i = 0; i < 4; i++) EXPECT_EQ(w[i], e[i]) << "step " << i + 1 << " is in the warmup";
+    for (int i = 4; i < 8; i++) EXPECT_NE(w[i], e[i]) << "step " << i + 1 << " is past the warmup";
+    EXPECT_NE(w[0], k[0]);
+    // the validation runs the configured attention: the final val loss is not exact's
+    EXPECT_NE(knngpt_test::final_val_loss(warm.out), knngpt_test::final_val_loss(exact.out));
+    for (int s : {4, 6, 8}) {
+        std::remove((dir + "/model_0000000" + std::to_string(s) + ".bin").c_str());
+        std::remove((dir + "/state_0000000" + std::to_string(s) + ".bin").c_str());
+    }
+    RunResult resumed = run(cmd + " -y 1", tmp);  // from step 2, across the switch
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+    auto r = step_losses(resumed.out);
+    ASSERT_EQ(r.size(), 6u);
+    for (int i = 0; i < 6; i++) EXPECT_EQ(r[i], w[2 + i]) << "step " << 3 + i;
+    RunResult bad = run(base() + " -x 2 --attn-warmup -1", tmp);
+    EXPECT_EQ(bad.exit_code, 1);
+    EXPECT_NE(bad.err.find("--attn-warmup must be >= 0"), std::string::npos) << bad.err;
+}
+
 TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"--attn knnn", "unknown attention mode 'knnn'"},

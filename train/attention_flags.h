@@ -29,7 +29,19 @@ struct AttnFlags {
     std::string kmv_threshold = "absolute";  // --attn-kmv-threshold
     uint64_t seed = 0;                   // --attn-seed
     std::string eval;                    // --attn-eval
+    int warmup = 0;                      // --attn-warmup: exact attention for the first steps
 };
+
+// The attention a training step runs: exact (forward and gradient, same draw seed)
+// during the first `warmup` steps, then the configured one. Dense-then-sparse is
+// how DeepSeek's sparse attention is trained; the steps are counted from 0, so a
+// resumed run switches at the same step as an uninterrupted one.
+inline AttnConfig attn_for_step(const AttnConfig& configured, int warmup, int step) {
+    if (step >= warmup) return configured;
+    AttnConfig dense;
+    dense.seed = configured.seed;
+    return dense;
+}
 
 inline AttnMode parse_attn_mode(const std::string& name) {
     if (name == "exact") return AttnMode::Exact;

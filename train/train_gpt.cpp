@@ -115,6 +115,8 @@ Attention
   --attn-kmv-threshold TH which keys kmv counts as heavy: absolute (K_ij >= n^-alpha, the paper's; default)
                    or relative (K_ij >= n^-alpha times the largest kernel value among the row's candidates)
   --attn-seed N    seed of every attention random draw (Philox; default 0)
+  --attn-warmup N  exact attention (forward and gradient) for the first N steps, then the --attn
+                   settings (default 0); validation always runs the --attn settings
   --attn-eval LIST also report the validation loss under other attention settings, a comma-separated
                    list of MODE[:k=K][:m=M][:index=I] (e.g. exact,knn:k=8,knn-tail:k=8:m=8)
 Optimisation
@@ -252,7 +254,7 @@ static Options parse_args(int argc, char** argv) {
         {"--attn-gumbel-samples", integer(&o.attn.gumbel_samples)},
         {"--attn-kmv-threshold", text(&o.attn.kmv_threshold)},
         {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn.seed = (uint64_t)parse_long(f, v); }},
-        {"--attn-eval", text(&o.attn.eval)},
+        {"--attn-eval", text(&o.attn.eval)}, {"--attn-warmup", integer(&o.attn.warmup)},
         {"-z", integer(&o.zero_stage)}, {"-pi", text(&o.comm.init_method)}, {"-pn", integer(&o.comm.num_processes)},
         {"-pr", integer(&o.comm.process_rank)}, {"-pg", integer(&o.comm.gpus_per_node)},
         {"-ps", text(&o.comm.server_ip)}, {"-pp", text(&o.comm.fs_path)},
@@ -283,6 +285,7 @@ static Options parse_args(int argc, char** argv) {
     if (o.resume != 0 && o.resume != 1) die("-y takes 0 or 1");
     if (o.overfit_single_batch != 0 && o.overfit_single_batch != 1) die("-a takes 0 or 1");
     if (o.eval_only != 0 && o.eval_only != 1) die("--eval-only takes 0 or 1");
+    if (o.attn.warmup < 0) die("--attn-warmup must be >= 0, got " + std::to_string(o.attn.warmup));
     if (o.eval_only && (o.resume || !o.output_dir.empty())) die("--eval-only 1 trains nothing: drop -o and -y");
     if (o.val_every < 0 || o.sample_every < 0 || o.checkpoint_every < 0) die("-v, -s and -n must be >= 0");
     if (o.gen_tokens < 1) die("-g: sample length must be >= 1");
@@ -505,7 +508,8 @@ static int run(const Options& o) {
     row("shape", fmt("L %d, NH %d, C %d, maxT %d, V %d (Vp %d)", cfg.num_layers, cfg.num_heads, cfg.channels,
                      cfg.max_seq_len, cfg.vocab_size, cfg.padded_vocab_size));
     row("parameters", std::to_string(model.num_parameters));
-    row("attention", attn_description(attn));
+    row("attention", attn_description(attn) +
+                         (o.attn.warmup > 0 ? fmt(" after %d exact steps", o.attn.warmup) : std::string()));
     for (const auto& [spec, a] : eval_attns) row("also evaluated", attn_description(a));
     row("train data", o.eval_only ? std::string("none (evaluation only)")
                                   : fmt("%s (%zu tokens)", o.train_pattern.c_str(), train_loader->num_tokens()));
@@ -595,6 +599,7 @@ static int run(const Options& o) {
         // ---- one optimizer step: accum_steps micro-batches, then AdamW
         auto t0 = clock::now();
         gpt_zero_grad(model);
+        if (o.attn.warmup > 0) gpt_set_attention(model, attn_for_step(attn, o.attn.warmup, step));
         double loss_sum = 0.0;
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader->next_batch(inputs.data(), targets.data());
