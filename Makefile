@@ -69,7 +69,7 @@ DEPDIR    := $(BUILD)/deps
 DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
 MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
-.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel clean reference
+.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel compare-long clean reference
 
 all: train_gpt_cpu prepare_data
 
@@ -86,6 +86,8 @@ help:
 	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
 	@echo "  make build/kmv_stats  how much of each attention row kmv's heavy keys hold, on a trained model"
 	@echo "  make build/compare_attention  attention settings trained and cross-evaluated against exact attention"
+	@echo "  make compare-long   T = 1024 on BENCH_TEXT: exact vs knn k 8..64, knn-tail, cluster, sampled grads,"
+	@echo "                      dense-then-sparse; 2 seeds, ~1 h per run on 2 cores (LONG_STEPS, LONG_SEEDS, LONG_OUT)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
@@ -234,6 +236,24 @@ bench-model: $(BENCH_MODEL)
 bench-attention: $(BUILD)/bench_attention $(BENCH_MODEL)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv \
 	  --from-checkpoint $(BENCH_MODEL) --data "$(BENCH_TEXT)"
+
+# Long context on a CPU (README "Long context"): T = 1024, the baby
+# shape (4 layers, 4 heads, 128 channels), B 4, LONG_STEPS steps (3000: about an hour
+# per run on 2 cores), two seeds; exact, knn at k = 8, 16, 32 (sqrt T), 64, knn-tail,
+# the cluster index, sampled gradients and a dense-then-sparse schedule. It resumes
+# where it stopped (rerun the same command); LONG_OUT holds results.md and the plots.
+LONG_STEPS ?= 3000
+LONG_SEEDS ?= 1337,1
+LONG_OUT   ?= $(BUILD)/compare_long
+compare-long: $(BUILD)/compare_attention train_gpt_cpu prepare_data
+	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (or pass BENCH_TEXT=FILE)"; exit 1; }
+	$(BUILD)/compare_attention --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) \
+	  --setting exact --setting "knn --attn-k 8" --setting "knn --attn-k 16" --setting "knn --attn-k 32" \
+	  --setting "knn --attn-k 64" --setting "knn-tail --attn-k 32 --attn-tail 32" \
+	  --setting "knn --attn-k 32 --attn-index cluster" --setting "knn --attn-k 32 --attn-grad sampled" \
+	  --setting "knn --attn-k 32 --attn-warmup $$(( $(LONG_STEPS) / 2 ))" \
+	  -- -t 1024 -b 4 --layers 4 --heads 4 --channels 128 -x $(LONG_STEPS) -l 1e-3 -u 100 --shuffle 1 \
+	  -v $$(( $(LONG_STEPS) / 10 )) -m 16 -s 0 -n 500
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data

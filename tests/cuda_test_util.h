@@ -99,7 +99,7 @@ class LaunchRecord {
 };
 
 // The kernels call() launched:
-//   const Launches launched = launches_of([&] { knngpt::cuda::attention_forward(...); });
+//   const Launches launched = launches_of([&] { knngpt::cuda::attention_forward_fp32(...); });
 //   EXPECT_EQ(launched.count(knngpt::cuda::attention_forward_tiled_kernel<knngpt::cuda::AttentionTiles<128>>), 1) << launched.list();
 //   EXPECT_EQ(launched.count("attention_forward_kernel"), 0) << launched.list();
 template <typename Call>

@@ -2,7 +2,7 @@
 // runs under the emulator, forward and backward (twice, to check +=):
 //   - the reference kernels (one warp per row) against the CPU twin
 //     kernels/cpu/attention.h;
-//   - the tiled kernels (the default attention_forward / attention_backward)
+//   - the tiled kernels (attention_forward_fp32 / attention_backward_fp32, which the fp32 build trains with)
 //     against both the CPU twin and the reference kernels.
 // Shapes have T not a multiple of any tile size (the forward tiles are 64 or 16
 // rows by 32 keys, the backward tiles 32 x 32 or 16 x 16) and head sizes that
@@ -82,7 +82,7 @@ void check_tiled_attention(const Shape& s, unsigned seed) {
 
     DeviceArray<float> d_qkv(p.qkv), d_out(std::vector<float>(n_out, 0.0f)), d_lse(std::vector<float>(n_lse, 0.0f));
     DeviceArray<float> r_out(std::vector<float>(n_out, 0.0f)), r_lse(std::vector<float>(n_lse, 0.0f));
-    knngpt::cuda::attention_forward(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH);
+    knngpt::cuda::attention_forward_fp32(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH);
     knngpt::cuda::attention_forward_reference(r_out.ptr, r_lse.ptr, d_qkv.ptr, B, T, C, NH);
     const std::vector<float> tiled_out = d_out.to_host(), tiled_lse = d_lse.to_host();
     EXPECT_LT(max_rel_error(tiled_out.data(), p.out.data(), n_out), kTolerance) << "out vs cpu";
@@ -98,7 +98,7 @@ void check_tiled_attention(const Shape& s, unsigned seed) {
     for (int pass = 1; pass <= 2; pass++) {
         knngpt::cpu::attention_backward(dqkv.data(), p.dout.data(), p.qkv.data(), p.out.data(), p.lse.data(), B, T,
                                         C, NH);
-        knngpt::cuda::attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, c_out.ptr, c_lse.ptr, B, T, C, NH);
+        knngpt::cuda::attention_backward_fp32(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, c_out.ptr, c_lse.ptr, B, T, C, NH);
         knngpt::cuda::attention_backward_reference(r_dqkv.ptr, d_dout.ptr, d_qkv.ptr, c_out.ptr, c_lse.ptr, B, T, C,
                                                    NH);
         const std::vector<float> tiled = d_dqkv.to_host();
@@ -131,7 +131,7 @@ CUDA_TEST(CudaAttention, HeadSize136FallsBackToReference) { check_tiled_attentio
 
 // ---- which kernels ran ------------------------------------------------------------
 //
-// attention_forward / attention_backward choose their kernels from HS and B*NH:
+// attention_forward_fp32 / attention_backward_fp32 choose their kernels from HS and B*NH:
 // the MAX_HS = 64 tiles for HS <= 64, the MAX_HS = 128 tiles for HS <= 128, the
 // one-warp-per-row reference kernels for larger heads and for B*NH above the
 // 65535 rows of the grid's y axis. These tests record the kernels one forward
@@ -145,7 +145,7 @@ using knngpt::cuda::attention_forward_tiled_kernel;
 using knngpt_test::Launches;
 using knngpt_test::launches_of;
 
-// The kernels of one attention_forward and one attention_backward call on s.
+// The kernels of one attention_forward_fp32 and one attention_backward_fp32 call on s.
 struct AttentionLaunches {
     Launches forward, backward;
 };
@@ -156,10 +156,10 @@ AttentionLaunches launches_of_attention(const Shape& s, bool check_against_cpu =
         d_dqkv(std::vector<float>(s.qkv_size(), 0.0f));
     AttentionLaunches launched;
     launched.forward = launches_of([&] {
-        knngpt::cuda::attention_forward(d_out.ptr, d_lse.ptr, d_qkv.ptr, s.B, s.T, s.C, s.NH);
+        knngpt::cuda::attention_forward_fp32(d_out.ptr, d_lse.ptr, d_qkv.ptr, s.B, s.T, s.C, s.NH);
     });
     launched.backward = launches_of([&] {
-        knngpt::cuda::attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, s.B, s.T, s.C, s.NH);
+        knngpt::cuda::attention_backward_fp32(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, s.B, s.T, s.C, s.NH);
     });
     if (check_against_cpu) {
         std::vector<float> dqkv(s.qkv_size(), 0.0f);

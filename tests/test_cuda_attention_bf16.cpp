@@ -17,6 +17,7 @@
 #include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/attention_bf16.cuh"
+#include "kernels/cuda/attention_exact.cuh"
 
 #include <gtest/gtest.h>
 
@@ -165,5 +166,42 @@ CUDA_TEST(CudaAttentionBf16, HeadSize32) { check_bf16_attention({1, 70, 64, 2}, 
 CUDA_TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention({1, 70, 128, 2}, 20); }
 
 CUDA_TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention({1, 45, 256, 2}, 30); }
+
+// The trainer's exact attention (attention_exact.cuh) in this, the bf16 build: head
+// sizes that are multiples of 16 run the tensor-core kernels, with the same bits as
+// calling them directly; others (24 here), and B * NH past the grid's y, the fp32
+// tiled kernels. (The fp32 build's choice is checked end to end by test_cuda_trainer:
+// train_gpt_emu matches train_gpt_cpu to 1e-5, which bf16 attention would not.)
+void expect_training_attention_path(int B, int T, int C, int NH, bool tensor_cores) {
+    EXPECT_EQ(knngpt::cuda::attention_on_tensor_cores(B, C, NH), tensor_cores) << "C " << C << " NH " << NH;
+    const std::vector<float> qkv = uniform((size_t)B * T * 3 * C, 41, -1.5f, 1.5f);
+    const std::vector<float> dout = uniform((size_t)B * T * C, 42);
+    DeviceArray<float> d_qkv(qkv), d_dout(dout), d_out(std::vector<float>(dout.size())), d_lse(std::vector<float>((size_t)B * NH * T)),
+        d_dqkv(std::vector<float>(qkv.size(), 0.0f));
+    const knngpt_test::Launches fwd = knngpt_test::launches_of(
+        [&] { knngpt::cuda::attention_forward(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH); });
+    const knngpt_test::Launches bwd = knngpt_test::launches_of([&] {
+        knngpt::cuda::attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
+    });
+    EXPECT_EQ(fwd.count("attention_forward_bf16_kernel"), tensor_cores ? 1 : 0) << fwd.list();
+    EXPECT_EQ(bwd.count("attention_backward_dkv_bf16_kernel"), tensor_cores ? 1 : 0) << bwd.list();
+    EXPECT_EQ(bwd.count("attention_backward_dq_bf16_kernel"), tensor_cores ? 1 : 0) << bwd.list();
+    if (!tensor_cores) return;
+    DeviceArray<float> d_out2(std::vector<float>(dout.size())), d_lse2(std::vector<float>((size_t)B * NH * T)), d_dqkv2(std::vector<float>(qkv.size(), 0.0f));
+    knngpt::cuda::attention_forward_bf16(d_out2.ptr, d_lse2.ptr, d_qkv.ptr, B, T, C, NH);
+    knngpt::cuda::attention_backward_bf16(d_dqkv2.ptr, d_dout.ptr, d_qkv.ptr, d_out2.ptr, d_lse2.ptr, B, T, C, NH);
+    EXPECT_EQ(d_out.to_host(), d_out2.to_host());
+    EXPECT_EQ(d_lse.to_host(), d_lse2.to_host());
+    EXPECT_EQ(d_dqkv.to_host(), d_dqkv2.to_host());
+}
+
+CUDA_TEST(CudaAttentionBf16, TrainingRunsTensorCoresWhereTheHeadSizeAllows) {
+    expect_training_attention_path(2, 20, 32, 2, true);   // HS 16
+    expect_training_attention_path(1, 20, 128, 1, true);  // HS 128
+    expect_training_attention_path(2, 20, 48, 2, false);  // HS 24
+    expect_training_attention_path(1, 20, 272, 2, false); // HS 136
+    EXPECT_FALSE(knngpt::cuda::attention_on_tensor_cores(65536, 64, 1));  // B * NH past the grid's y
+    EXPECT_TRUE(knngpt::cuda::attention_on_tensor_cores(65535, 64, 1));
+}
 
 }  // namespace

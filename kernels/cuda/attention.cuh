@@ -7,7 +7,7 @@
 // at h*HS .. h*HS+HS-1 of each; out/dout (B, T, C); lse (B, NH, T), natural log.
 // The forward saves lse; the backward recomputes P from it (nothing T x T is
 // stored), keeps Delta in a scratch kept across calls and adds (+=) into dqkv.
-// Design: attention_forward / attention_backward are tiled, FlashAttention-2 style
+// Design: attention_forward_fp32 / attention_backward_fp32 are tiled, FlashAttention-2 style
 // (no atomics: deterministic) for HS <= kAttentionTiledMaxHeadSize; beyond that
 // (or for B * NH past the grid's y) they run the one-warp-per-row reference
 // kernels, which also serve as the tiled ones' test oracle.
@@ -648,7 +648,7 @@ void attention_backward_tiled(float* dqkv, const float* dout, const float* qkv, 
 // The tiled kernels put b*NH + h on the grid's y axis, which holds at most 65535.
 constexpr int kAttentionMaxGridY = 65535;
 
-inline void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+inline void attention_forward_fp32(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     if (B * NH * T == 0) return;
     const int HS = C / NH;
     if (B * NH > kAttentionMaxGridY) {
@@ -663,8 +663,8 @@ inline void attention_forward(float* out, float* lse, const float* qkv, int B, i
 }
 
 // Tiled backward for HS <= kAttentionTiledMaxHeadSize, the reference beyond. Accumulates (+=) into dqkv.
-inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                               int B, int T, int C, int NH) {
+inline void attention_backward_fp32(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                    const float* lse, int B, int T, int C, int NH) {
     const int rows = B * NH * T;
     if (rows == 0) return;
     const int HS = C / NH;

@@ -1,6 +1,6 @@
 // kernels/cuda/attention_bf16.cuh — exact causal multi-head attention on tensor
-// cores: the math, shapes, saved lse and += of attention_forward /
-// attention_backward (kernels/cuda/attention.cuh, twin of kernels/cpu/attention.h),
+// cores: the math, shapes, saved lse and += of attention_forward_fp32 /
+// attention_backward_fp32 (kernels/cuda/attention.cuh, twin of kernels/cpu/attention.h),
 // with bf16 operands and fp32 accumulation and softmax (nvcuda::wmma 16x16x16).
 // HS = C / NH a multiple of kAttentionBf16HeadSizeStep up to
 // kAttentionBf16MaxHeadSize (head_size.cuh, checked on the host); any T.

@@ -8,7 +8,8 @@
 // whole-model test). Pointers the model hands to these ops are device pointers.
 //
 // Precision. Parameters, gradients, AdamW state and activations are fp32 in
-// every build, as are all our own kernels. The matmuls (kernels/cuda/matmul.cuh)
+// every build, as are our own kernels but one: exact attention, which the
+// default build runs on tensor cores where the head size allows (attention_exact.cuh). The matmuls (kernels/cuda/matmul.cuh)
 // run bf16 operands with fp32 accumulation by default, the weights read from a
 // bf16 copy of the parameters that AdamW keeps (register_parameters,
 // bf16_parameters.cuh); a build with -DKNNGPT_FP32 keeps them fp32 too, so its
@@ -33,7 +34,7 @@
 #include "kernels/cuda/common.cuh"
 
 #include "kernels/cuda/adamw.cuh"
-#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_exact.cuh"
 #include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/classifier.cuh"
 #include "kernels/cuda/encoder.cuh"
