@@ -36,6 +36,9 @@ endif
 NVCC       ?= nvcc
 CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCHS) -Xcompiler -fopenmp,-Wall -I.
+# extra nvcc flags, e.g. NVCC_EXTRA="-Xptxas -v" (registers, spills and shared memory per kernel)
+NVCC_EXTRA ?=
+NVCCFLAGS  += $(NVCC_EXTRA)
 CUDA_LIBS  ?= -lcublasLt -lcublas -lgomp
 EMU_FLAGS  := -DKNNGPT_CUDA -DKNNGPT_CUDA_EMU
 # PRECISION=fp32 builds train_gpt with fp32 matmuls (default: bf16 operands, fp32 accumulation)

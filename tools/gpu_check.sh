@@ -5,7 +5,8 @@
 #
 # It runs these stages in order, each with its own time limit, each whatever
 # failed before it (a stage whose program is missing says SKIP and why):
-#   build-trainer   make train_gpt and the attention benchmark (nvcc, the GPU's own architecture only)
+#   build-trainer   make train_gpt and the attention benchmark (nvcc, the GPU's own architecture only,
+#                   -Xptxas -v: registers and spills per kernel in OUTDIR/ptxas.txt)
 #   build-tests     make -k the native CUDA tests, both precisions of train_gpt, train_gpt_cpu,
 #                   prepare_data, test_cuda_trainer (g++, GoogleTest, OpenBLAS): what builds is run
 #   native-tests    the native CUDA tests that built, and the two trainers against train_gpt_cpu
@@ -189,14 +190,18 @@ built() { [ -x "$1" ]; }
 banner "build-trainer (nvcc, $archs)"
 t0=$(date +%s)
 limit=$(limit_for 200 build-trainer)
+# -Xptxas -v: registers, spills and shared memory of every kernel, into OUTDIR/ptxas.txt
 run_limited "$limit" "$out/build-trainer.log" make -j"$jobs" "${make_args[@]}" CUDA_ARCHS="$archs" \
-  train_gpt build/bench_attention_cuda
+  NVCC_EXTRA="-Xptxas -v" train_gpt build/bench_attention_cuda
 rc=$?
 tail -5 "$out/build-trainer.log"
+tools/ptxas_summary.sh "$out/build-trainer.log" > "$out/ptxas.txt" 2>&1 || true
+ptxas_line=$(tools/ptxas_summary.sh -q "$out/build-trainer.log" 2>/dev/null || echo "no ptxas summary")
+head -12 "$out/ptxas.txt"
 missing=""
 for p in train_gpt build/bench_attention_cuda; do built "$p" || missing="$missing $p"; done
 if [ $rc = 0 ]; then
-  record PASS build-trainer "train_gpt, bench_attention_cuda in $(( $(date +%s) - t0 )) s"
+  record PASS build-trainer "train_gpt, bench_attention_cuda in $(( $(date +%s) - t0 )) s; $ptxas_line (ptxas.txt)"
 else
   record FAIL build-trainer "exit status $rc$([ $rc = 124 ] && echo " (time limit $limit s)")${missing:+; not built:$missing} (see $out/build-trainer.log)"
 fi
