@@ -204,4 +204,35 @@ CUDA_TEST(CudaAttentionBf16, TrainingRunsTensorCoresWhereTheHeadSizeAllows) {
     EXPECT_TRUE(knngpt::cuda::attention_on_tensor_cores(65535, 64, 1));
 }
 
+// The tile loader reads 16 bytes a lane where the operands keep float4 alignment,
+// 4 bytes a lane where not: the same bits either way. Here every operand (qkv, out,
+// dout, dqkv) sits one float past an aligned address.
+CUDA_TEST(CudaAttentionBf16, UnalignedOperandsGiveTheSameBits) {
+    const int B = 1, T = 70, C = 64, NH = 2;
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    const std::vector<float> qkv = uniform(n_qkv, 51, -1.5f, 1.5f), dout = uniform(n_out, 52);
+    auto run = [&](size_t shift, std::vector<float>& out, std::vector<float>& lse, std::vector<float>& dqkv) {
+        std::vector<float> qkv_s(shift, 0.0f), dout_s(shift, 0.0f);
+        qkv_s.insert(qkv_s.end(), qkv.begin(), qkv.end());
+        dout_s.insert(dout_s.end(), dout.begin(), dout.end());
+        DeviceArray<float> d_qkv(qkv_s), d_dout(dout_s), d_out{std::vector<float>(shift + n_out)},
+            d_lse{std::vector<float>(n_lse)}, d_dqkv{std::vector<float>(shift + n_qkv, 0.0f)};
+        knngpt::cuda::attention_forward_bf16(d_out.ptr + shift, d_lse.ptr, d_qkv.ptr + shift, B, T, C, NH);
+        knngpt::cuda::attention_backward_bf16(d_dqkv.ptr + shift, d_dout.ptr + shift, d_qkv.ptr + shift,
+                                              d_out.ptr + shift, d_lse.ptr, B, T, C, NH);
+        out = d_out.to_host();
+        out.erase(out.begin(), out.begin() + shift);
+        lse = d_lse.to_host();
+        dqkv = d_dqkv.to_host();
+        dqkv.erase(dqkv.begin(), dqkv.begin() + shift);
+    };
+    std::vector<float> out_a, lse_a, dqkv_a, out_u, lse_u, dqkv_u;
+    run(0, out_a, lse_a, dqkv_a);
+    run(1, out_u, lse_u, dqkv_u);
+    EXPECT_EQ(out_a, out_u);
+    EXPECT_EQ(lse_a, lse_u);
+    EXPECT_EQ(dqkv_a, dqkv_u);
+    EXPECT_GT(max_abs_diff(dqkv_a, std::vector<float>(n_qkv, 0.0f)), 0.0) << "no gradient";
+}
+
 }  // namespace

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -138,13 +139,27 @@ __device__ __forceinline__ T* attention_bf16_smem(unsigned char* smem, size_t at
 // Copies rows row0 .. row0+ROWS-1 of one head's (T, HS) slice of src (row
 // stride src_stride) into the bf16 tile (ROWS, Tile::ldh), rounding to nearest
 // even; zeros for rows >= T. All threads take part; the caller synchronises.
+// Each thread moves 4 consecutive channels (HS is a multiple of 16): one 16-byte
+// load where src and its stride keep float4 alignment (always for the model's
+// activations, whose row strides 3C and C are multiples of 4: then one warp reads
+// 512 contiguous bytes), else four scalar loads. Either way the same values land.
 template <class Tile, int ROWS>
 __device__ void attention_bf16_load_tile(__nv_bfloat16* tile, const float* src, int src_stride, int row0, int T) {
-    constexpr int HS = Tile::hs;
-    for (int idx = threadIdx.x; idx < ROWS * HS; idx += blockDim.x) {
-        const int r = idx / HS, c = idx % HS;
+    constexpr int HS = Tile::hs, QUADS = HS / 4;
+    const bool vector_loads = reinterpret_cast<uintptr_t>(src) % 16 == 0 && src_stride % 4 == 0;
+    for (int idx = threadIdx.x; idx < ROWS * QUADS; idx += blockDim.x) {
+        const int r = idx / QUADS, c = 4 * (idx % QUADS);
         const int t = row0 + r;
-        tile[r * Tile::ldh + c] = __float2bfloat16((t < T) ? src[(size_t)t * src_stride + c] : 0.0f);
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < T) {
+            const float* from = src + (size_t)t * src_stride + c;
+            x = vector_loads ? *reinterpret_cast<const float4*>(from) : make_float4(from[0], from[1], from[2], from[3]);
+        }
+        __nv_bfloat16* to = tile + r * Tile::ldh + c;
+        to[0] = __float2bfloat16(x.x);
+        to[1] = __float2bfloat16(x.y);
+        to[2] = __float2bfloat16(x.z);
+        to[3] = __float2bfloat16(x.w);
     }
 }
 
