@@ -3,7 +3,8 @@
 // cpu::sampled_attention_backward(..., source, signed_start_dv, ...), for both sample
 // sources, row-wise dV:
 //   ExactRow: the same dqkv to 1e-5 relative to the largest reference entry, from a
-//   nonzero dqkv and after two calls (+=), for two shapes (head sizes 8 and 32), s = 1,
+//   nonzero dqkv and after two calls (+=), for head sizes 8, 32, 64 (T = 130: several
+//   query and key tiles), 128, 24 (run-time head size) and 64 on an unaligned qkv, s = 1,
 //   4, 16 and 37 (more than one chunk of 32 samples), two seeds, nonzero step and layer,
 //   batch0 0 and nonzero (the rows of a call that starts at a later global batch row);
 //   LazyGumbel (lazy Gumbel sample number 2m + 1 on the row's top-k list): the same, with
@@ -120,20 +121,24 @@ double smallest_draw_margin(const Problem& p, GradSampleSource source, const vec
     } while (0)
 
 // the same with the CUDA kernel
+// (qkv_shift: qkv placed that many floats past an aligned address)
 vector<float> cuda_backward(const Problem& p, GradSampleSource source, const vector<int>& topk, int k, int samples,
-                            uint64_t seed, uint32_t step, int layer, int batch0, bool signed_start_dv = false) {
+                            uint64_t seed, uint32_t step, int layer, int batch0, bool signed_start_dv = false,
+                            size_t qkv_shift = 0) {
     const Shape& s = p.shape;
-    DeviceArray<float> d_dqkv(p.dqkv0), d_dout(p.dout), d_qkv(p.qkv), d_out(p.out);
+    vector<float> shifted_qkv(qkv_shift, 0.0f);
+    shifted_qkv.insert(shifted_qkv.end(), p.qkv.begin(), p.qkv.end());
+    DeviceArray<float> d_dqkv(p.dqkv0), d_dout(p.dout), d_qkv(shifted_qkv), d_out(p.out);
     DeviceArray<int> d_topk(topk.empty() ? vector<int>(1, -1) : topk);
     for (int call = 0; call < 2; call++)
-        knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr,
+        knngpt::cuda::sampled_attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr + qkv_shift, d_out.ptr,
                                                  topk.empty() ? nullptr : d_topk.ptr, k, s.B, s.T, s.C, s.NH, samples,
                                                  source, signed_start_dv, seed, step, layer, batch0);
     CUDA_CHECK(cudaDeviceSynchronize());
     return d_dqkv.to_host();
 }
 
-void expect_same_backward(const Shape& s, unsigned data_seed) {
+void expect_same_backward(const Shape& s, unsigned data_seed, size_t qkv_shift = 0) {
     const Problem p = make_problem(s, data_seed);
     const uint64_t seeds[] = {1, 0x9E3779B97F4A7C15ull};
     for (int samples : {1, 4, 16, 37}) {
@@ -144,12 +149,12 @@ void expect_same_backward(const Shape& s, unsigned data_seed) {
             ASSERT_DRAWS_CLEAR_MARGIN(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, batch0, false);
             const vector<float> expected =
                 cpu_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, batch0);
-            const vector<float> got =
-                cuda_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer, batch0);
+            const vector<float> got = cuda_backward(p, GradSampleSource::ExactRow, {}, 0, samples, seed, step, layer,
+                                                    batch0, false, qkv_shift);
             ASSERT_EQ(got.size(), expected.size());
             EXPECT_LT(max_rel_error(got.data(), expected.data(), got.size()), kTolerance)
                 << "B " << s.B << " T " << s.T << " C " << s.C << " NH " << s.NH << " samples " << samples
-                << " seed " << seed << " batch0 " << batch0;
+                << " seed " << seed << " batch0 " << batch0 << " qkv shift " << qkv_shift;
         }
     }
 }
@@ -220,6 +225,19 @@ void expect_same_signed_start_backward(const Shape& s, unsigned data_seed) {
 CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize8) { expect_same_backward(Shape{2, 23, 24, 3}, 11); }
 
 CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize32) { expect_same_backward(Shape{1, 40, 64, 2}, 21); }
+
+// The exact-row kernel scores tiles of 32 queries against key tiles of 64 (score_tiles.cuh)
+// in a persistent grid (3 blocks under the emulator): T = 130 gives 5 query tiles and 3
+// key tiles a head, 10 tiles over the 3 blocks; HS 64 and 128 load float4s, HS 24 and a
+// qkv one float off alignment take the run-time head size with scalar loads.
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuAcrossTilesHeadSize64) { expect_same_backward(Shape{1, 130, 128, 2}, 31); }
+
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuHeadSize128) { expect_same_backward(Shape{1, 70, 256, 2}, 32); }
+
+CUDA_TEST(CudaSampledGrad, ExactRowMatchesCpuRunTimeHeadSize) {
+    expect_same_backward(Shape{1, 70, 48, 2}, 33);      // HS 24
+    expect_same_backward(Shape{1, 70, 128, 2}, 34, 1);  // HS 64, unaligned
+}
 
 CUDA_TEST(CudaSampledGrad, LazyGumbelMatchesCpuHeadSize8) { expect_same_lazy_gumbel_backward(Shape{2, 23, 24, 3}, 12); }
 

@@ -8,9 +8,11 @@
 // (signed-start dV replaces the last term by the CPU's walks down each column of dO).
 // Shapes: qkv/dqkv (B, T, 3C); dout, out (B, T, C); topk_idx (B, NH, T, k) ascending,
 // -1 padded (LazyGumbel only); HS <= kWarpRowMaxHeadSize. Device pointers. Adds (+=)
-// into dqkv; saves nothing. Design: one warp per row, the longest rows first, after
-// (signed-start dV only) a walk-start kernel with one warp per column of dO; dK and
-// dV by float atomicAdd (so not bit-reproducible), dQ reproducible.
+// into dqkv; saves nothing. Design: ExactRow scores tiles of 32 rows once into a row
+// buffer (score_tiles.cuh), then one warp per row; LazyGumbel one warp per row, the
+// longest rows first; before either (signed-start dV only) a walk-start kernel with one
+// warp per column of dO; dK and dV by float atomicAdd (so not bit-reproducible), dQ
+// reproducible.
 #pragma once
 
 #include <algorithm>
@@ -19,12 +21,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/common/attention_params.h"
 #include "kernels/common/attention_score.h"
 #include "kernels/common/draws.h"
 #include "kernels/common/lazy_gumbel.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/score_tiles.cuh"
 #include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
@@ -76,10 +80,14 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //   weight l1 / N goes to a (B, NH, HS) scratch. The counts are exact, so every row gets
 //   the CPU's W_ic. The scratch is one buffer grown on demand and kept for the process.
 //   Cost per column: O(T) for the sums, O(N log T / 32) per lane for the starts.
-// ExactRow:
-//   pass 1  lanes take keys j = lane, lane + 32, ...; each lane computes whole scores
-//           (the sequential chain above); the fp64 row max is a warp max (exact in any
-//           order).
+// ExactRow: a persistent grid of blocks of 8 warps, each block walking tiles of 32
+//   queries of one (b, h), longest first. Per tile:
+//   scores  every s_ij = tau dot(i, j) of the tile once (score_query_tile: query and key
+//           tiles in shared memory, coalesced loads at a padded stride, 4 x 2 scores a
+//           thread, attention_dot's chain, so attention_score's value), into the
+//           block's slice of a row buffer in global memory.
+//   pass 1  warp w takes rows w, w + 8, w + 16, w + 24; the fp64 row max of the
+//           buffered scores is a warp max (exact in any order).
 //   pass 2  the fp64 total: per group of 32 keys each lane computes its key's weight
 //           exp(s_ij - max), and every lane adds the 32 weights, broadcast by shuffles,
 //           in j order, so every lane holds the CPU's running sum exactly.
@@ -87,8 +95,24 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //           running sum again (the same operations in the same order, so the same
 //           values) until it first exceeds its target u_m total; the walk stops once
 //           every sample of the chunk is placed.
-//   No score or weight is stored: passes 2 and 3 recompute them. Cost per row:
-//   O((2 + ceil(s/32)) n_i HS / 32) per lane for the samples.
+//   The weights are recomputed from the buffer in pass 3, not stored (fp64 rows would
+//   double the buffer). Instances: HS 8, 16, 32, 64, 128 (float4 loads, HS / 32 channel
+//   slots a lane) and a run-time one (any HS, scalar loads, for other head sizes or a
+//   qkv not 16-byte aligned); __launch_bounds__(256, 2). `nvcc -Xptxas -v` (CUDA 13,
+//   sm_90): 122-128 registers for the fixed head sizes, no spills; the run-time one 128
+//   with 56 bytes spilled (its 8 channel slots); the one-warp-per-row kernel it replaces
+//   took 234, one block a SM. LazyGumbel's kernel: 235 (the sampler inlined).
+//   Estimated cost at T = 16K, HS 64, s = 16, per (b, h), on an H200 (estimates, not
+//   measured): the scores as the top-k kernel's (134M dots, ~0.45 ms, topk_index.cuh);
+//   the buffer one write and about 2.5 reads per score (passes 1, 2, and 3 until the
+//   chunk is placed, half a row on average), ~1.9 GB -> ~0.4 ms from HBM; the serial
+//   fp64 running sums of passes 2 and 3 (every lane adds all the weights in order, 32
+//   shuffles per 32 keys, ~200M fp64 exp over the warps): ~1G warp instructions, ~1 ms
+//   at the ~1e12 warp instructions a second of 132 SMs; the terms, s (3 HS) loads and
+//   2 HS atomics a row, ~0.3 GB, ~0.1 ms. So ~2 ms, where the one-warp-per-row passes
+//   it replaces recomputed every score three times with each lane reading its own key
+//   (256 B at a 3C stride: 32 cache lines per warp load), ~100 GB through L1/L2, ~10 ms.
+//   The running sums, serial so that every sample is the CPU's, bound it.
 // LazyGumbel: for each chunk of 32 samples, lane L draws sample m0 + L with the shared
 //   sampler, on its own (the lanes' walks diverge and never synchronise inside).
 // Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels
@@ -126,14 +150,6 @@ inline SampledGradWalkScratch sampled_grad_walk_scratch(size_t columns, int T) {
     char* buffer = static_cast<char*>(scratch.get(cdf_bytes + weight_bytes + columns * T * sizeof(int)));
     return SampledGradWalkScratch{reinterpret_cast<double*>(buffer), reinterpret_cast<double*>(buffer + cdf_bytes),
                                   reinterpret_cast<int*>(buffer + cdf_bytes + weight_bytes)};
-}
-
-// ---- device helpers -----------------------------------------------------------
-
-// The unnormalised weight exp(s_ij - row_max) of key j, in fp64.
-__device__ __forceinline__ double sampled_grad_weight(const float* q, const float* k, int HS, float tau,
-                                                      double row_max) {
-    return exp((double)attention_score(q, k, HS, tau) - row_max);
 }
 
 // ---- CUDA kernels -------------------------------------------------------------
@@ -191,51 +207,25 @@ __global__ void sampled_grad_walk_start_kernel(double* cdf, int* walk_counts, do
     }
 }
 
-// One warp per row (b, h, i). walk_counts, walk_weight: the walk-start kernel's output
-// for signed-start dV, or nullptr for row-wise dV.
-__global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
-                                    const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
-                                    GradSampleSource source, float tau, uint64_t seed, uint32_t step, int layer,
-                                    int batch0, const int* walk_counts, const double* walk_weight) {
+// The terms of row (b, h, i) of `row`, for the samples pick(m0, chunk) draws: lane L <
+// chunk gets sample m0 + L's key J (lanes past the chunk get any valid key). Delta_i,
+// dQ_i in fp64 registers, dK_J and dV_J by atomicAdd, as the header says. kSlots:
+// channel slots a lane (HS <= 32 kSlots). walk_counts, walk_weight: the walk-start
+// kernel's output for signed-start dV, or nullptr for row-wise dV.
+template <int kSlots, class Pick>
+__device__ void sampled_grad_row_terms(float* dqkv, const float* dout, const float* out, const WarpRow& row, int T,
+                                       int C, int NH, int samples, float tau, const int* walk_counts,
+                                       const double* walk_weight, Pick&& pick) {
     const int lane_id = threadIdx.x % 32;
-    const int warp_index = warp_row_index();
-    if (warp_index >= B * NH * T) return;  // whole warps leave together
-    const WarpRow row = warp_row(qkv, warp_index, T, C, NH, /*longest_first=*/true);
-    const int i = row.t, h = row.h, b = row.b, n_i = i + 1;
-    const int HS = row.HS, C3 = row.C3;
+    const int i = row.t, h = row.h, b = row.b, HS = row.HS, C3 = row.C3;
     const size_t head = row.head, row_offset = row.out;
     const float *q = row.q, *keys = row.keys, *values = row.values;  // key and value j at j * C3
-    const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
-    const bool lazy = source == GradSampleSource::LazyGumbel;
-
-    double row_max = -INFINITY, total = 0.0;  // ExactRow
-    const int* topk = nullptr;                // LazyGumbel: the row's top-k list and exceeder cap
-    int max_exceeders = 0;
-    if (!lazy) {
-        // pass 1: the row max of the scores
-        for (int j = lane_id; j < n_i; j += 32)
-            row_max = fmax(row_max, (double)attention_score(q, keys + (size_t)j * C3, HS, tau));
-        row_max = warp_reduce_max(row_max);
-
-        // pass 2: total = the running sum of the weights in j order, held by every lane
-        for (int j0 = 0; j0 < n_i; j0 += 32) {
-            const int j = j0 + lane_id;
-            const double w = j < n_i ? sampled_grad_weight(q, keys + (size_t)j * C3, HS, tau, row_max) : 0.0;
-            const int count = min(32, n_i - j0);
-            for (int t = 0; t < count; t++) total += __shfl_sync(0xFFFFFFFFu, w, t);
-        }
-    } else {
-        topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
-        int head_count = 0;
-        while (head_count < k && topk[head_count] >= 0) head_count++;
-        max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head_count, head_count);
-    }
 
     // the row's channels: lane owns c = lane + 32 s; Delta_i = dO_i . O_i
-    float q_reg[kWarpRowSlots], dy_reg[kWarpRowSlots], dv_add[kWarpRowSlots];
-    double dq[kWarpRowSlots];
+    float q_reg[kSlots], dy_reg[kSlots], dv_add[kSlots];
+    double dq[kSlots];
     double delta = 0.0;
-    for (int s = 0; s < kWarpRowSlots; s++) {
+    for (int s = 0; s < kSlots; s++) {
         const int c = lane_id + 32 * s;
         q_reg[s] = c < HS ? q[c] : 0.0f;
         dy_reg[s] = c < HS ? dout[row_offset + c] : 0.0f;
@@ -248,10 +238,10 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
     // signed-start dV: the walks of each of the lane's columns that start at row i, and
     // the signed weight each adds; the row draws count = max(s, most walks of a column)
     const bool signed_dv = walk_counts != nullptr;
-    int walks[kWarpRowSlots];
-    float walk_add[kWarpRowSlots];
+    int walks[kSlots];
+    float walk_add[kSlots];
     int count = samples;
-    for (int s = 0; s < kWarpRowSlots; s++) {
+    for (int s = 0; s < kSlots; s++) {
         const int c = lane_id + 32 * s;
         walks[s] = 0;
         walk_add[s] = 0.0f;
@@ -267,34 +257,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
 
     for (int m0 = 0; m0 < count; m0 += 32) {
         const int chunk = min(32, count - m0);
-        int J = 0;  // lanes without a sample count as placed
-        if (lazy) {
-            // lane L draws lazy Gumbel sample number 2 (m0 + L) + 1
-            if (lane_id < chunk)
-                J = lazy_gumbel_sample_core(q, keys, C3, HS, tau, n_i, topk, k, site,
-                                            sampled_grad_sample_number((uint32_t)(m0 + lane_id)), max_exceeders, nullptr, nullptr);
-        } else {
-            // pass 3: lane L places sample m0 + L at the first l with cdf_l > u total
-            double target = 0.0;
-            if (lane_id < chunk) {
-                const Philox4 draw = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)(m0 + lane_id));
-                target = uniform_open01_f64(draw.x[0], draw.x[1]) * total;
-                J = -1;
-            }
-            double running = 0.0;
-            for (int j0 = 0; j0 < n_i; j0 += 32) {
-                if (__all_sync(0xFFFFFFFFu, J >= 0)) break;  // every sample of the chunk placed
-                const int j = j0 + lane_id;
-                const double w = j < n_i ? sampled_grad_weight(q, keys + (size_t)j * C3, HS, tau, row_max) : 0.0;
-                const int count = min(32, n_i - j0);
-                for (int t = 0; t < count; t++) {
-                    running += __shfl_sync(0xFFFFFFFFu, w, t);
-                    if (J < 0 && running > target) J = j0 + t;
-                }
-            }
-            if (J < 0) J = n_i - 1;  // u total rounded up to the total: the last key, as on the CPU
-        }
-
+        const int J = pick(m0, chunk);
         // the terms of the chunk's samples, in sample order
         for (int t = 0; t < chunk; t++) {
             const int m = m0 + t;
@@ -304,14 +267,14 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 const float* k_j = keys + (size_t)j * C3;
                 const float* v_j = values + (size_t)j * C3;
                 double dp = 0.0;  // dO_i . v_J
-                for (int s = 0; s < kWarpRowSlots; s++) {
+                for (int s = 0; s < kSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) dp += (double)dy_reg[s] * v_j[c];
                 }
                 dp = warp_reduce_sum(dp);
                 const double coef = (double)tau * (dp - delta) / samples;
                 float* dk_j = dqkv + head + (size_t)j * C3 + C;
-                for (int s = 0; s < kWarpRowSlots; s++) {
+                for (int s = 0; s < kSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS) {
                         dq[s] += coef * k_j[c];
@@ -321,7 +284,7 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
                 }
             }
             if (signed_dv) {  // walk m of column c, if row i starts that many, lands on J_m
-                for (int s = 0; s < kWarpRowSlots; s++) {
+                for (int s = 0; s < kSlots; s++) {
                     const int c = lane_id + 32 * s;
                     if (c < HS && m < walks[s]) atomicAdd(&dv_j[c], walk_add[s]);
                 }
@@ -329,10 +292,135 @@ __global__ void sampled_grad_kernel(float* dqkv, const float* dout, const float*
         }
     }
     float* dq_out = dqkv + head + (size_t)i * C3;
-    for (int s = 0; s < kWarpRowSlots; s++) {
+    for (int s = 0; s < kSlots; s++) {
         const int c = lane_id + 32 * s;
         if (c < HS) dq_out[c] += (float)dq[s];
     }
+}
+
+// LazyGumbel: one warp per row (b, h, i), the longest rows first.
+__global__ void sampled_grad_lazy_gumbel_kernel(float* dqkv, const float* dout, const float* qkv, const float* out,
+                                                const int* topk_idx, int k, int B, int T, int C, int NH, int samples,
+                                                float tau, uint64_t seed, uint32_t step, int layer, int batch0,
+                                                const int* walk_counts, const double* walk_weight) {
+    const int lane_id = threadIdx.x % 32;
+    const int warp_index = warp_row_index();
+    if (warp_index >= B * NH * T) return;  // whole warps leave together
+    const WarpRow row = warp_row(qkv, warp_index, T, C, NH, /*longest_first=*/true);
+    const int i = row.t, n_i = i + 1;
+    const DrawSite site = row_draw_site(seed, step, layer, NH, row.h, batch0 + row.b, T, i);
+    const int* topk = topk_idx + (((size_t)row.b * NH + row.h) * T + i) * k;
+    int head_count = 0;
+    while (head_count < k && topk[head_count] >= 0) head_count++;
+    const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head_count, head_count);
+    sampled_grad_row_terms<kWarpRowSlots>(
+        dqkv, dout, out, row, T, C, NH, samples, tau, walk_counts, walk_weight, [&](int m0, int chunk) {
+            // lane L draws lazy Gumbel sample number 2 (m0 + L) + 1
+            int J = 0;  // lanes without a sample count as placed
+            if (lane_id < chunk)
+                J = lazy_gumbel_sample_core(row.q, row.keys, row.C3, row.HS, tau, n_i, topk, k, site,
+                                            sampled_grad_sample_number((uint32_t)(m0 + lane_id)), max_exceeders,
+                                            nullptr, nullptr);
+            return J;
+        });
+}
+
+// ExactRow: a persistent grid of blocks, each walking query tiles of 32 rows of one
+// (b, h) longest first (score_tiles.cuh); the tile's scores s_ij = tau dot(i, j) go to
+// the block's slice of the row buffer `rows` (row stride row_stride floats), then warp
+// w takes rows w, w + 8, w + 16, w + 24 of the tile: the row max and the fp64 total
+// from the buffer (passes 1 and 2), the samples by walking the running sum again
+// (pass 3), and the terms. kHS > 0 fixes HS (float4 tile loads, kHS / 32 slots);
+// kHS = 0 takes HS <= kWarpRowMaxHeadSize at run time.
+template <int kHS>
+__global__ void __launch_bounds__(kScoreTileThreads, kScoreBlocksPerSm)
+    sampled_grad_exact_row_kernel(float* dqkv, float* rows, const float* dout, const float* qkv, const float* out,
+                                  int B, int T, int C, int NH, int samples, float tau, uint64_t seed, uint32_t step,
+                                  int layer, int batch0, const int* walk_counts, const double* walk_weight,
+                                  int row_stride) {
+    static_assert(kHS % 4 == 0, "fixed head sizes are multiples of 4");
+    constexpr int kSlots = kHS > 0 ? (kHS + 31) / 32 : kWarpRowSlots;
+    const int HS = kHS > 0 ? kHS : C / NH;
+    const int lane_id = threadIdx.x % 32, warp_id = threadIdx.x / 32;
+    KNNGPT_DYNAMIC_SHARED(float, shared);
+    float* q_tile = shared;                           // (32, HS)
+    float* k_tile = q_tile + kScoreTileQueries * HS;  // (64, score_key_stride)
+    float* block_rows = rows + (size_t)blockIdx.x * kScoreTileQueries * row_stride;
+
+    const int items = B * NH * ceil_div(T, kScoreTileQueries);
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+        const ScoreTileItem it = score_tile_item(item, B, T, NH);
+        const float* head = qkv + (size_t)it.b * T * 3 * C + (size_t)it.h * HS;
+        score_query_tile<kHS>(q_tile, k_tile, head, C, HS, it.i0, it.queries, it.n_tile,
+                              [&](int q_local, int j, float dot) {
+                                  block_rows[(size_t)q_local * row_stride + j] = tau * dot;  // attention_score
+                              });
+        for (int r = 0; r < kScoreQueriesPerThread; r++) {
+            const int q_local = warp_id + kScoreTileWarps * r;
+            if (q_local >= it.queries) break;
+            const int i = it.i0 + q_local, n_i = i + 1;
+            const float* scores = block_rows + (size_t)q_local * row_stride;
+            const WarpRow row = warp_row_at(qkv, it.b, it.h, i, T, C, NH);
+            const DrawSite site = row_draw_site(seed, step, layer, NH, it.h, batch0 + it.b, T, i);
+            // pass 1: the row max of the scores
+            double row_max = -INFINITY;
+            for (int j = lane_id; j < n_i; j += 32) row_max = fmax(row_max, (double)scores[j]);
+            row_max = warp_reduce_max(row_max);
+            // pass 2: total = the running sum of the weights in j order, held by every lane
+            double total = 0.0;
+            for (int j0 = 0; j0 < n_i; j0 += 32) {
+                const int j = j0 + lane_id;
+                const double w = j < n_i ? exp((double)scores[j] - row_max) : 0.0;
+                const int count = min(32, n_i - j0);
+                for (int t = 0; t < count; t++) total += __shfl_sync(0xFFFFFFFFu, w, t);
+            }
+            sampled_grad_row_terms<kSlots>(
+                dqkv, dout, out, row, T, C, NH, samples, tau, walk_counts, walk_weight, [&](int m0, int chunk) {
+                    // pass 3: lane L places sample m0 + L at the first l with cdf_l > u total
+                    int J = 0;  // lanes without a sample count as placed
+                    double target = 0.0;
+                    if (lane_id < chunk) {
+                        const Philox4 draw = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)(m0 + lane_id));
+                        target = uniform_open01_f64(draw.x[0], draw.x[1]) * total;
+                        J = -1;
+                    }
+                    double running = 0.0;
+                    for (int j0 = 0; j0 < n_i; j0 += 32) {
+                        if (__all_sync(0xFFFFFFFFu, J >= 0)) break;  // every sample of the chunk placed
+                        const int j = j0 + lane_id;
+                        const double w = j < n_i ? exp((double)scores[j] - row_max) : 0.0;
+                        const int count = min(32, n_i - j0);
+                        for (int t = 0; t < count; t++) {
+                            running += __shfl_sync(0xFFFFFFFFu, w, t);
+                            if (J < 0 && running > target) J = j0 + t;
+                        }
+                    }
+                    if (J < 0) J = n_i - 1;  // u total rounded up to the total: the last key, as on the CPU
+                    return J;
+                });
+        }
+        __syncthreads();  // every warp is done with the rows before the next item's scores
+    }
+}
+
+template <int kHS>
+void sampled_grad_exact_row_launch(float* dqkv, const float* dout, const float* qkv, const float* out, int B, int T,
+                                   int C, int NH, int samples, float tau, uint64_t seed, uint32_t step, int layer,
+                                   int batch0, const int* walk_counts, const double* walk_weight) {
+    const int HS = C / NH;
+    const size_t shared_bytes = sizeof(float) * score_tile_floats(HS, kHS > 0);
+    static size_t allowed = kDefaultSharedBytes;
+    if (shared_bytes > allowed) {
+        CUDA_CHECK(cudaFuncSetAttribute(sampled_grad_exact_row_kernel<kHS>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
+        allowed = shared_bytes;
+    }
+    const int items = B * NH * ceil_div(T, kScoreTileQueries);
+    const int blocks = items < score_resident_blocks() ? items : score_resident_blocks();
+    const int row_stride = score_row_stride(T);
+    float* rows = static_cast<float*>(score_rows_scratch((size_t)blocks * kScoreTileQueries * row_stride * sizeof(float)));
+    launch(sampled_grad_exact_row_kernel<kHS>, blocks, kScoreTileThreads, shared_bytes, nullptr, dqkv, rows, dout, qkv,
+           out, B, T, C, NH, samples, tau, seed, step, layer, batch0, walk_counts, walk_weight, row_stride);
 }
 
 // ---- host launcher ------------------------------------------------------------
@@ -388,8 +476,26 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         walk_counts = scratch.walk_counts;
         walk_weight = scratch.walk_weight;
     }
-    launch(sampled_grad_kernel, ceil_div(rows, warps_per_block), kSampledGradThreads, 0, nullptr, dqkv, dout, qkv,
-           out, topk_idx, k, B, T, C, NH, samples, source, tau, seed, step, layer, batch0, walk_counts, walk_weight);
+    if (source == GradSampleSource::LazyGumbel) {
+        launch(sampled_grad_lazy_gumbel_kernel, ceil_div(rows, warps_per_block), kSampledGradThreads, 0, nullptr, dqkv,
+               dout, qkv, out, topk_idx, k, B, T, C, NH, samples, tau, seed, step, layer, batch0, walk_counts,
+               walk_weight);
+        return;
+    }
+    // the fixed head sizes load float4s: they need qkv 16-byte aligned
+    const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
+    auto exact_row = [&](auto hs) {
+        sampled_grad_exact_row_launch<decltype(hs)::value>(dqkv, dout, qkv, out, B, T, C, NH, samples, tau, seed, step,
+                                                           layer, batch0, walk_counts, walk_weight);
+    };
+    switch (aligned ? HS : 0) {
+        case 8: return exact_row(std::integral_constant<int, 8>{});
+        case 16: return exact_row(std::integral_constant<int, 16>{});
+        case 32: return exact_row(std::integral_constant<int, 32>{});
+        case 64: return exact_row(std::integral_constant<int, 64>{});
+        case 128: return exact_row(std::integral_constant<int, 128>{});
+        default: return exact_row(std::integral_constant<int, 0>{});
+    }
 }
 
 }  // namespace knngpt::cuda

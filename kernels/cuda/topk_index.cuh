@@ -8,20 +8,12 @@
 // kTopkMaxHeadSize; idx (B, NH, T, k). Device pointers. Any k >= 1, any T; inputs
 // must be finite (as for the CPU twin).
 //
-// Design: a block owns a query tile of kTopkTileQueries = 32 queries of one (b, h)
+// Design: a block owns a query tile of kScoreTileQueries = 32 queries of one (b, h)
 // and works in two phases.
-//   score   the query tile (32, HS) is loaded once into shared memory; key tiles of
-//           kTopkTileKeys = 64 keys (64, HS) follow, up to the tile's last query.
-//           Both loads are coalesced along HS (float4 when HS % 4 == 0). Key rows
-//           sit at a padded stride (topk_key_stride) so that 32 lanes reading one
-//           dimension of 32 keys (or one float4 of each, a quarter warp at a time)
-//           hit distinct banks. Thread (warp w, lane l) computes the 4 x 2 scores of
-//           queries w + 8r (r < 4) against keys l and l + 32 of the tile, each the
-//           sequential fma chain over d = 0..HS-1 (attention_dot's, so equal to the
-//           CPU's bit for bit); a key value read from shared memory serves 4 queries
-//           and a (broadcast) query value 2 keys. Each score is computed once and
-//           written, as an order key (topk_order_key), into the query's row of a
-//           row buffer.
+//   score   every score of the tile once (score_query_tile, kernels/cuda/score_tiles.cuh:
+//           query and key tiles in shared memory, coalesced loads, a padded key stride,
+//           4 queries x 2 keys a thread, attention_dot's fma chain), written as an order
+//           key (topk_order_key) into the query's row of a row buffer.
 //   select  warp w then selects rows w, w + 8, w + 16, w + 24 of the tile from the
 //           buffer: a radix select of the k-th best order key (four passes of an
 //           8-bit histogram in shared memory, most significant byte first; `thr` is
@@ -29,11 +21,8 @@
 //           an emit pass in chunks of 32 consecutive indices keeps the keys above thr
 //           and the first `take` equal to thr (ties to the smaller index) and writes
 //           them in index order with a warp ballot.
-// The row buffer is global scratch, one slice per resident block: the grid is
-// persistent (2 blocks per SM), each block walking the query tiles blockIdx.x,
-// + gridDim.x, .. of a longest-first order (the last tiles of each head, the longest
-// rows, first). Its budget: 2 x SMs x 32 x round_up(T, 4) x 4 bytes = 33.8 KB x T on
-// an H200 (132 SMs): 35 MB at T = 1K (about L2's 50 MB), 554 MB at T = 16K. Rows of
+// The row buffer (score_tiles.cuh) is global scratch, one slice per resident block of
+// a persistent grid walking the tiles longest first: 33.8 KB x T on an H200. Rows of
 // 32 x T x 4 bytes do not fit shared memory past T ~ 600 at two blocks per SM, hence
 // global memory for every T (one code path).
 //
@@ -73,32 +62,18 @@
 #include "kernels/common/attention_score.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/head_size.cuh"
+#include "kernels/cuda/score_tiles.cuh"
 #include "kernels/cuda/warp_row.cuh"
 
 namespace knngpt::cuda {
 
-constexpr int kTopkThreads = 256;  // 8 warps
-constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkBlocksPerSm = 2;
-constexpr int kTopkTileQueries = 32;                                // queries of a block's tile
-constexpr int kTopkQueriesPerThread = kTopkTileQueries / kTopkWarps;  // 4: w, w + 8, w + 16, w + 24
-constexpr int kTopkTileKeys = 64;                                   // keys of a staged key tile
-constexpr int kTopkKeysPerThread = kTopkTileKeys / 32;              // 2: lane, lane + 32
-constexpr int kTopkRadixBins = 256;                                 // 8 bits per pass, 4 passes
+constexpr int kTopkThreads = kScoreTileThreads;
+constexpr int kTopkWarps = kScoreTileWarps;
+constexpr int kTopkRadixBins = 256;  // 8 bits per pass, 4 passes
 
-// The floats between key rows of the staged key tile. Scalar reads (HS not fixed):
-// an odd stride, so lane l's dimension d, at l * stride + d, falls in bank (l * stride +
-// d) % 32, distinct over 32 lanes. float4 reads (HS % 4 == 0): a multiple of 4 whose
-// quarter (float4s a row) is odd, so the 8 lanes of a quarter warp start in 8
-// distinct groups of 4 banks.
-__host__ __device__ constexpr int topk_key_stride(int HS, bool vectorised) {
-    return vectorised ? 4 * ((HS / 4) % 2 == 1 ? HS / 4 : HS / 4 + 1) : (HS % 2 == 1 ? HS : HS + 1);
-}
-
-// Dynamic shared memory of a block: the query tile, the key tile, the histograms.
+// Dynamic shared memory of a block: the query and key tiles, the histograms.
 inline size_t topk_shared_bytes(int HS, bool vectorised) {
-    return sizeof(float) * ((size_t)kTopkTileQueries * HS + (size_t)kTopkTileKeys * topk_key_stride(HS, vectorised)) +
-           sizeof(unsigned) * kTopkWarps * kTopkRadixBins;
+    return sizeof(float) * score_tile_floats(HS, vectorised) + sizeof(unsigned) * kTopkWarps * kTopkRadixBins;
 }
 
 // ---- CUDA kernels -------------------------------------------------------------
@@ -109,27 +84,6 @@ __device__ __forceinline__ unsigned topk_order_key(float score) {
     if (score == 0.0f) score = 0.0f;
     const unsigned bits = __float_as_uint(score);
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-// rows x HS floats of qkv (row r at src + r * C3) into shared memory at dst + r * stride,
-// rows >= valid as zeros; coalesced along HS, float4 at a time when vectorised.
-template <bool kVectorised>
-__device__ __forceinline__ void topk_load_tile(float* dst, int stride, const float* src, int C3, int rows, int valid,
-                                               int HS) {
-    if constexpr (kVectorised) {
-        const int per_row = HS / 4;
-        for (int e = threadIdx.x; e < rows * per_row; e += kTopkThreads) {
-            const int r = e / per_row, d = 4 * (e % per_row);
-            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < valid) v = *reinterpret_cast<const float4*>(src + (size_t)r * C3 + d);
-            *reinterpret_cast<float4*>(dst + r * stride + d) = v;
-        }
-    } else {
-        for (int e = threadIdx.x; e < rows * HS; e += kTopkThreads) {
-            const int r = e / HS, d = e % HS;
-            dst[r * stride + d] = r < valid ? src[(size_t)r * C3 + d] : 0.0f;
-        }
-    }
 }
 
 // Radix select and emit of one row (see the header): the first n order keys of `row`
@@ -204,91 +158,40 @@ __device__ void topk_select_row(int* idx_row, const unsigned* row, int n, int k,
 }
 
 // kHS > 0: HS = kHS (a multiple of 4; float4 loads); kHS = 0: HS = C / NH, scalar loads.
-// rows: the row buffer, gridDim.x slices of kTopkTileQueries x row_stride order keys.
+// rows: the row buffer, gridDim.x slices of kScoreTileQueries x row_stride order keys.
 template <int kHS>
-__global__ void __launch_bounds__(kTopkThreads, kTopkBlocksPerSm)
+__global__ void __launch_bounds__(kTopkThreads, kScoreBlocksPerSm)
     causal_topk_brute_kernel(int* idx, unsigned* rows, const float* qkv, int B, int T, int C, int NH, int k,
                              int row_stride) {
-    constexpr bool kVectorised = kHS > 0;
     static_assert(kHS % 4 == 0, "fixed head sizes are multiples of 4");
     const int HS = kHS > 0 ? kHS : C / NH;
-    const int C3 = 3 * C;
     const int lane_id = threadIdx.x % 32;
     const int warp_id = threadIdx.x / 32;
-    const int q_stride = HS;
-    const int k_stride = topk_key_stride(HS, kVectorised);
     KNNGPT_DYNAMIC_SHARED(float, shared);
-    float* q_tile = shared;                                    // (32, HS)
-    float* k_tile = q_tile + kTopkTileQueries * q_stride;      // (64, k_stride)
-    unsigned* hist_all = reinterpret_cast<unsigned*>(k_tile + kTopkTileKeys * k_stride);  // (8, 256)
+    float* q_tile = shared;                                   // (32, HS)
+    float* k_tile = q_tile + kScoreTileQueries * HS;          // (64, score_key_stride)
+    unsigned* hist_all = reinterpret_cast<unsigned*>(shared + score_tile_floats(HS, kHS > 0));  // (8, 256)
     unsigned* hist = hist_all + warp_id * kTopkRadixBins;
-    unsigned* block_rows = rows + (size_t)blockIdx.x * kTopkTileQueries * row_stride;
+    unsigned* block_rows = rows + (size_t)blockIdx.x * kScoreTileQueries * row_stride;
 
-    const int tiles_per_head = ceil_div(T, kTopkTileQueries);
-    const int items = B * NH * tiles_per_head;
+    const int items = B * NH * ceil_div(T, kScoreTileQueries);
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
-        // longest first: the heads' last tiles, then the ones before
-        const int bh = item % (B * NH);
-        const int tile = tiles_per_head - 1 - item / (B * NH);
-        const int b = bh / NH, h = bh % NH;
-        const int i0 = tile * kTopkTileQueries;
-        const int queries = min(kTopkTileQueries, T - i0);  // valid queries i0 .. i0 + queries - 1
-        const int n_tile = i0 + queries;                     // keys 0 .. n_tile - 1 serve the tile
-        const float* head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
-        int* idx_tile = idx + ((size_t)bh * T + i0) * k;
+        const ScoreTileItem it = score_tile_item(item, B, T, NH);
+        const float* head = qkv + (size_t)it.b * T * 3 * C + (size_t)it.h * HS;
+        int* idx_tile = idx + ((size_t)it.bh * T + it.i0) * k;
 
         // ---- score: every score of the tile once, into the row buffer
-        if (n_tile > k) {  // else every row of the tile holds all its keys
-            topk_load_tile<kVectorised>(q_tile, q_stride, head + (size_t)i0 * C3, C3, kTopkTileQueries, queries, HS);
-            for (int j0 = 0; j0 < n_tile; j0 += kTopkTileKeys) {
-                __syncthreads();  // the previous key tile is read (and, first, the previous item's rows)
-                topk_load_tile<kVectorised>(k_tile, k_stride, head + C + (size_t)j0 * C3, C3, kTopkTileKeys,
-                                            min(kTopkTileKeys, n_tile - j0), HS);
-                __syncthreads();
-                float acc[kTopkQueriesPerThread][kTopkKeysPerThread] = {};
-                if constexpr (kVectorised) {
-                    for (int d = 0; d < HS; d += 4) {
-                        float4 kv[kTopkKeysPerThread];
-                        for (int c = 0; c < kTopkKeysPerThread; c++)
-                            kv[c] = *reinterpret_cast<const float4*>(k_tile + (lane_id + 32 * c) * k_stride + d);
-                        for (int r = 0; r < kTopkQueriesPerThread; r++) {
-                            const float4 qv =
-                                *reinterpret_cast<const float4*>(q_tile + (warp_id + kTopkWarps * r) * q_stride + d);
-                            for (int c = 0; c < kTopkKeysPerThread; c++) {  // attention_dot's chain, d ascending
-                                acc[r][c] = fmaf(qv.x, kv[c].x, acc[r][c]);
-                                acc[r][c] = fmaf(qv.y, kv[c].y, acc[r][c]);
-                                acc[r][c] = fmaf(qv.z, kv[c].z, acc[r][c]);
-                                acc[r][c] = fmaf(qv.w, kv[c].w, acc[r][c]);
-                            }
-                        }
-                    }
-                } else {
-                    for (int d = 0; d < HS; d++) {
-                        float kv[kTopkKeysPerThread];
-                        for (int c = 0; c < kTopkKeysPerThread; c++) kv[c] = k_tile[(lane_id + 32 * c) * k_stride + d];
-                        for (int r = 0; r < kTopkQueriesPerThread; r++) {
-                            const float qd = q_tile[(warp_id + kTopkWarps * r) * q_stride + d];
-                            for (int c = 0; c < kTopkKeysPerThread; c++) acc[r][c] = fmaf(qd, kv[c], acc[r][c]);
-                        }
-                    }
-                }
-                // consecutive lanes, consecutive keys: coalesced writes
-                for (int r = 0; r < kTopkQueriesPerThread; r++)
-                    for (int c = 0; c < kTopkKeysPerThread; c++) {
-                        const int j = j0 + lane_id + 32 * c;
-                        if (j < n_tile)
-                            block_rows[(size_t)(warp_id + kTopkWarps * r) * row_stride + j] =
-                                topk_order_key(acc[r][c]);
-                    }
-            }
-            __syncthreads();  // the rows are written (global memory, visible to the block after the barrier)
-        }
+        if (it.n_tile > k)  // else every row of the tile holds all its keys
+            score_query_tile<kHS>(q_tile, k_tile, head, C, HS, it.i0, it.queries, it.n_tile,
+                                  [&](int q_local, int j, float dot) {
+                                      block_rows[(size_t)q_local * row_stride + j] = topk_order_key(dot);
+                                  });
 
         // ---- select: warp w takes rows w, w + 8, w + 16, w + 24
-        for (int r = 0; r < kTopkQueriesPerThread; r++) {
+        for (int r = 0; r < kScoreQueriesPerThread; r++) {
             const int q_local = warp_id + kTopkWarps * r;
-            if (q_local >= queries) break;
-            const int n = i0 + q_local + 1;  // causal keys 0..i
+            if (q_local >= it.queries) break;
+            const int n = it.i0 + q_local + 1;  // causal keys 0..i
             int* idx_row = idx_tile + (size_t)q_local * k;
             if (n <= k) {  // every key, then -1
                 for (int s = lane_id; s < k; s += 32) idx_row[s] = s < n ? s : -1;
@@ -302,25 +205,6 @@ __global__ void __launch_bounds__(kTopkThreads, kTopkBlocksPerSm)
 
 // ---- host launcher --------------------------------------------------------------
 
-// The row buffer, kept across calls.
-inline unsigned* topk_rows_scratch(size_t count) {
-    static DeviceScratch scratch;
-    return static_cast<unsigned*>(scratch.get(count * sizeof(unsigned)));
-}
-
-// Resident blocks of the persistent grid: kTopkBlocksPerSm per SM. A device that
-// reports no SMs (the emulator) gets 3, so that blocks walk several tiles there too.
-inline int topk_resident_blocks() {
-    static const int blocks = [] {
-        int device = 0;
-        CUDA_CHECK(cudaGetDevice(&device));
-        cudaDeviceProp prop;
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        return prop.multiProcessorCount > 0 ? kTopkBlocksPerSm * prop.multiProcessorCount : 3;
-    }();
-    return blocks;
-}
-
 template <int kHS>
 void causal_topk_brute_launch(int* idx, const float* qkv, int B, int T, int C, int NH, int k) {
     const int HS = C / NH;
@@ -331,10 +215,10 @@ void causal_topk_brute_launch(int* idx, const float* qkv, int B, int T, int C, i
                                         (int)shared_bytes));
         allowed = shared_bytes;
     }
-    const int items = B * NH * ceil_div(T, kTopkTileQueries);
-    const int blocks = items < topk_resident_blocks() ? items : topk_resident_blocks();
-    const int row_stride = ceil_div(T, 4) * 4;
-    unsigned* rows = topk_rows_scratch((size_t)blocks * kTopkTileQueries * row_stride);
+    const int items = B * NH * ceil_div(T, kScoreTileQueries);
+    const int blocks = items < score_resident_blocks() ? items : score_resident_blocks();
+    const int row_stride = score_row_stride(T);
+    unsigned* rows = static_cast<unsigned*>(score_rows_scratch((size_t)blocks * kScoreTileQueries * row_stride * sizeof(unsigned)));
     launch(causal_topk_brute_kernel<kHS>, blocks, kTopkThreads, shared_bytes, nullptr, idx, rows, qkv, B, T, C, NH, k,
            row_stride);
 }

@@ -45,13 +45,12 @@ struct WarpRow {
     size_t head, out;
     const float *q, *keys, *values;  // the row's query; the head's keys and values
 };
-__device__ __forceinline__ WarpRow warp_row(const float* qkv, int warp_index, int T, int C, int NH,
-                                            bool longest_first = false) {
-    const AttentionRow a = attention_row(warp_index, T, NH);
+// Row t of head h, batch b (for kernels that choose their rows otherwise).
+__device__ __forceinline__ WarpRow warp_row_at(const float* qkv, int b, int h, int t, int T, int C, int NH) {
     WarpRow r;
-    r.b = a.b;
-    r.h = a.h;
-    r.t = longest_first ? T - 1 - a.t : a.t;
+    r.b = b;
+    r.h = h;
+    r.t = t;
     r.HS = C / NH;
     r.C3 = 3 * C;
     r.head = (size_t)r.b * T * r.C3 + (size_t)r.h * r.HS;
@@ -60,6 +59,11 @@ __device__ __forceinline__ WarpRow warp_row(const float* qkv, int warp_index, in
     r.keys = qkv + r.head + C;
     r.values = qkv + r.head + 2 * C;
     return r;
+}
+__device__ __forceinline__ WarpRow warp_row(const float* qkv, int warp_index, int T, int C, int NH,
+                                            bool longest_first = false) {
+    const AttentionRow a = attention_row(warp_index, T, NH);
+    return warp_row_at(qkv, a.b, a.h, longest_first ? T - 1 - a.t : a.t, T, C, NH);
 }
 
 __device__ __forceinline__ void warp_row_load(float (&reg)[kWarpRowSlots], const float* x, int HS, int lane) {
