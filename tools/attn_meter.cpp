@@ -170,7 +170,14 @@ Options parse_args(int argc, char** argv) {
 
 // W windows of T tokens, row after row: the text's last tenth byte-level, or the shard's first batches.
 std::vector<int> validation_tokens(const Options& o, int T, int vocab_size) {
-    if (!o.text.empty()) return text_window_tokens(o.text, -1, o.windows * T);
+    if (!o.text.empty()) {
+        std::vector<int> tokens = text_window_tokens(o.text, -1, o.windows * T);
+        for (int t : tokens)
+            if (t >= vocab_size)
+                die(o.text + ": byte " + std::to_string(t) + " is not below the model's vocab size " +
+                    std::to_string(vocab_size) + " (give -j with the model's own tokens)");
+        return tokens;
+    }
     DataLoader loader(o.val, o.windows, T, 0, 1, false, 1, vocab_size);
     std::vector<int> inputs((size_t)o.windows * T), targets(inputs.size());
     loader.next_batch(inputs.data(), targets.data());

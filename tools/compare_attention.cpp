@@ -997,8 +997,9 @@ int main(int argc, char** argv) {
         else if (run_program({o.python, o.plot_script, results_path, o.out_dir}, log, false) != 0)
             die("plotting failed: " + failure_line(log) + " (log: " + log + ")");
         else
-            printf("compare_attention: plots %s%s/cross_eval.png\n",
-                   training ? (o.out_dir + "/loss_curves.png, ").c_str() : "", o.out_dir.c_str());
+            printf("compare_attention: plots %s%s/cross_eval.png%s\n",
+                   training ? (o.out_dir + "/loss_curves.png, ").c_str() : "", o.out_dir.c_str(),
+                   db["meters"].empty() ? "" : (", " + o.out_dir + "/meter_*.png").c_str());
     }
     if (o.meters) printf("compare_attention: %d meter(s) run, %d skipped\n", meters_run, meters_skipped);
     printf("compare_attention: %d training(s) and %d evaluation(s) run, %d skipped; results in %s/results.md\n",
