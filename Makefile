@@ -255,9 +255,9 @@ bench-attention: $(BUILD)/bench_attention $(BENCH_MODEL)
 LONG_STEPS ?= 3000
 LONG_SEEDS ?= 1337,1
 LONG_OUT   ?= $(BUILD)/compare_long
-compare-long: $(BUILD)/compare_attention train_gpt_cpu prepare_data
+compare-long: $(BUILD)/compare_attention $(BUILD)/attn_meter train_gpt_cpu prepare_data
 	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (or pass BENCH_TEXT=FILE)"; exit 1; }
-	$(BUILD)/compare_attention --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) \
+	$(BUILD)/compare_attention --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) --meter-flags "--windows 2" \
 	  --setting exact --setting "knn --attn-k 8" --setting "knn --attn-k 16" --setting "knn --attn-k 32" \
 	  --setting "knn --attn-k 64" --setting "knn-tail --attn-k 32 --attn-tail 32" \
 	  --setting "knn --attn-k 32 --attn-index cluster" --setting "knn --attn-k 32 --attn-grad sampled" \
