@@ -21,6 +21,8 @@
 // Statistics are pooled over windows: mean and max (mass: min) over every row i of
 // every window. Work per (layer, window): O(T^2 D NH) for the reference, then per k
 // one causal top-k search and each mode's forward; kmv's heavy tally O(T^2 D NH) per k.
+// CPU build only: measure_kmv_heavy and measure_assumption_a are diagnostics of
+// kernels/cpu/kmv_attention.h, with no CUDA twin.
 #pragma once
 #include <cmath>
 #include <limits>
