@@ -74,7 +74,7 @@ MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
 .PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel compare-long clean reference
 
-all: train_gpt_cpu prepare_data
+all: train_gpt_cpu prepare_data $(BUILD)/attn_meter
 
 help:
 	@echo "knngpt targets:"
@@ -91,6 +91,8 @@ help:
 	@echo "  make build/compare_attention  attention settings trained and cross-evaluated against exact attention"
 	@echo "  make compare-long   T = 1024 on BENCH_TEXT: exact vs knn k 8..64, knn-tail, cluster, sampled grads,"
 	@echo "                      dense-then-sparse; 2 seeds, ~1 h per run on 2 cores (LONG_STEPS, LONG_SEEDS, LONG_OUT)"
+	@echo "  make build/attn_meter  per layer and head: each mode's error against exact attention vs k, top-k mass,"
+	@echo "                      kmv's heavy keys, assumption A's c vs T (trained and random init)"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
@@ -169,7 +171,7 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 # native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
 test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
-      $(BUILD)/compare_attention
+      $(BUILD)/compare_attention $(BUILD)/attn_meter
 	@bash tools/check_section_refs.sh
 	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
@@ -208,6 +210,11 @@ $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_att
 $(BUILD)/compare_attention: tools/compare_attention.cpp $(DEPDIR)/$(BUILD)/compare_attention.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $<
+
+# the attention meters of a model file (tools/attn_meter.cpp; nlohmann-json3-dev)
+$(BUILD)/attn_meter: tools/attn_meter.cpp $(DEPDIR)/$(BUILD)/attn_meter.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
 # kmv's heavy keys on a trained model (tools/kmv_stats.cpp)
 $(BUILD)/kmv_stats: tools/kmv_stats.cpp $(DEPDIR)/$(BUILD)/kmv_stats.d
@@ -248,9 +255,9 @@ bench-attention: $(BUILD)/bench_attention $(BENCH_MODEL)
 LONG_STEPS ?= 3000
 LONG_SEEDS ?= 1337,1
 LONG_OUT   ?= $(BUILD)/compare_long
-compare-long: $(BUILD)/compare_attention train_gpt_cpu prepare_data
+compare-long: $(BUILD)/compare_attention $(BUILD)/attn_meter train_gpt_cpu prepare_data
 	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (or pass BENCH_TEXT=FILE)"; exit 1; }
-	$(BUILD)/compare_attention --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) \
+	$(BUILD)/compare_attention --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) --meter-flags "--windows 2" \
 	  --setting exact --setting "knn --attn-k 8" --setting "knn --attn-k 16" --setting "knn --attn-k 32" \
 	  --setting "knn --attn-k 64" --setting "knn-tail --attn-k 32 --attn-tail 32" \
 	  --setting "knn --attn-k 32 --attn-index cluster" --setting "knn --attn-k 32 --attn-grad sampled" \

@@ -3,9 +3,9 @@
 //
 //   text_window_tokens  T + 1 byte-level tokens (vocab 256, token = byte, as prepare_data
 //                       writes them) of a text file, from a byte offset
-//   gpt_capture_layers  one forward of the model over one row of T tokens (B = 1) with
-//                       exact attention; for every layer l, its qkv (1, T, 3C) as the
-//                       attention call received it and its output atty (1, T, C)
+//   gpt_capture_layers  one forward of the model over B rows of T tokens (default B = 1)
+//                       with exact attention; for every layer l, its qkv (B, T, 3C) as
+//                       the attention call received it and its output atty (B, T, C)
 // Layer l's qkv is the (B, T, 3C) layout of kernels/cpu/attention.h: q at channels
 // [0, C), k at [C, 2C), v at [2C, 3C), head h at h * HS, HS = C / NH. The forward runs
 // exact attention whatever the model was trained with (a model file does not record it),
@@ -46,24 +46,27 @@ inline std::vector<int> text_window_tokens(const std::string& path, long offset,
 }
 
 struct CapturedLayer {
-    std::vector<float> qkv;   // (1, T, 3C)
-    std::vector<float> atty;  // (1, T, C): the model's attention output on qkv
+    std::vector<float> qkv;   // (B, T, 3C)
+    std::vector<float> atty;  // (B, T, C): the model's attention output on qkv
 };
 
-// One exact-attention forward of `params` (llm.c order) over tokens (1, T), T <= maxT;
-// every layer's attention input and output, copied out of the activations.
+// One exact-attention forward of `params` (llm.c order) over tokens (B, T), B rows of
+// T = tokens.size() / B <= maxT; every layer's attention input and output, copied out
+// of the activations.
 inline std::vector<CapturedLayer> gpt_capture_layers(const GPTConfig& config, const std::vector<float>& params,
-                                                     const std::vector<int>& tokens) {
-    const int T = (int)tokens.size(), C = config.channels, NH = config.num_heads;
+                                                     const std::vector<int>& tokens, int B = 1) {
+    if (B < 1 || tokens.size() % (size_t)B != 0 || tokens.empty())
+        throw std::invalid_argument("gpt_capture_layers: tokens must hold B >= 1 rows of T >= 1");
+    const int T = (int)(tokens.size() / B), C = config.channels, NH = config.num_heads;
     GPT model;
-    gpt_build(model, config, params, 1, T);
-    gpt_forward(model, tokens.data(), nullptr, 1, T, evaluation_draw_step(0));
+    gpt_build(model, config, params, B, T);
+    gpt_forward(model, tokens.data(), nullptr, B, T, evaluation_draw_step(0));
     std::vector<CapturedLayer> layers(config.num_layers);
     for (int l = 0; l < config.num_layers; l++) {
-        // with B = 1 allocated, row 0 of layer l's slots starts the slot
-        const LayerActivations la = layer_activations(model.acts, l, (size_t)T, C, NH);
-        layers[l].qkv.resize((size_t)T * 3 * C);
-        layers[l].atty.resize((size_t)T * C);
+        // with B rows allocated, layer l's slots start with row 0 and hold B * T rows
+        const LayerActivations la = layer_activations(model.acts, l, (size_t)B * T, C, NH);
+        layers[l].qkv.resize((size_t)B * T * 3 * C);
+        layers[l].atty.resize((size_t)B * T * C);
         ops::copy_to_host(layers[l].qkv.data(), la.qkv, layers[l].qkv.size() * sizeof(float));
         ops::copy_to_host(layers[l].atty.data(), la.atty, layers[l].atty.size() * sizeof(float));
     }

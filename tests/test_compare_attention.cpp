@@ -2,8 +2,9 @@
 // tiny configuration: the cross-evaluation diagonal equals what separate
 // trainer runs print, knn with k >= T gives exact attention's column and row,
 // a rerun skips finished work and resumes an interrupted training, a
-// checkpoint is evaluated under every setting, the plots are PNG files, bad
-// input stops with one line, and every flag is documented.
+// checkpoint is evaluated under every setting, the attention meters run on every
+// model (k = T gives error 0, and a rerun skips them), the plots are PNG files,
+// bad input stops with one line, and every flag is documented.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@ const std::vector<std::string> kSettings = {"exact", "knn --attn-k 4", "knn --at
 const std::vector<std::string> kFlags = {"--attn exact", "--attn knn --attn-k 4", "--attn knn --attn-k 16"};
 
 std::string tool() { return knngpt_test::build_dir() + "/compare_attention"; }
+std::string meter() { return knngpt_test::build_dir() + "/attn_meter"; }
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 
@@ -40,7 +42,7 @@ std::string quote(const std::string& s) { return "'" + s + "'"; }
 std::string command(const std::string& text, const std::string& out, const std::vector<std::string>& settings,
                     const std::string& extra = "", const std::string& base = kBase) {
     std::string cmd = tool() + " --trainer " + program_path("train_gpt_cpu") + " --prepare-data " +
-                      program_path("prepare_data") + " --text " + text + " --out " + out;
+                      program_path("prepare_data") + " --meter " + meter() + " --text " + text + " --out " + out;
     for (const auto& s : settings) cmd += " --setting " + quote(s);
     return cmd + " " + extra + " -- " + base;
 }
@@ -90,7 +92,9 @@ class CompareAttention : public ::testing::Test {
     static json db;
 
     static void SetUpTestSuite() {
-        if (!exists(tool()) || !exists(program_path("train_gpt_cpu")) || !exists(program_path("prepare_data"))) return;
+        if (!exists(tool()) || !exists(meter()) || !exists(program_path("train_gpt_cpu")) ||
+            !exists(program_path("prepare_data")))
+            return;
         tmp = new knngpt_test::TempDir;
         text = tmp->file("text.txt");
         out = tmp->file("out");
@@ -104,7 +108,7 @@ class CompareAttention : public ::testing::Test {
     }
     void SetUp() override {
         if (!tmp)
-            GTEST_SKIP() << tool() << ", " << program_path("train_gpt_cpu") << " or " << program_path("prepare_data")
+            GTEST_SKIP() << tool() << ", " << meter() << ", " << program_path("train_gpt_cpu") << " or " << program_path("prepare_data")
                          << " not built (run `make test` from the repository root)";
         ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
     }
@@ -159,6 +163,53 @@ TEST_F(CompareAttention, KAtLeastTGivesTheExactColumnAndRow) {
     }
 }
 
+// Every trained model gets its meter (per layer and head, errors against k, mass, c),
+// stored in results.json, meters.csv and results.md; k = T is exact attention.
+TEST_F(CompareAttention, MetersEveryTrainedModel) {
+    ASSERT_EQ(db["meters"].size(), 3u);
+    for (const auto& flags : kFlags) {
+        const json* m = nullptr;
+        for (const json& x : db["meters"])
+            if (x["trained"] == flags && x["seed"] == 1337) m = &x;
+        ASSERT_TRUE(m) << flags;
+        const json& r = (*m)["result"];
+        EXPECT_EQ(r["T"], 16);
+        EXPECT_EQ(r["k"].back(), 16);
+        ASSERT_EQ(r["layers"].size(), 1u);
+        ASSERT_EQ(r["layers"][0]["heads"].size(), 2u);
+        for (const json& h : r["layers"][0]["heads"]) {
+            EXPECT_EQ(h["error"]["knn"]["max"].back(), 0.0);
+            EXPECT_EQ(h["topk_mass"]["min"].back(), 1.0);
+            EXPECT_GT(h["error"]["knn"]["mean"][0].get<double>(), 0.0);
+            EXPECT_TRUE(h["c_random_init"]["kernel"][0].is_number());
+        }
+        EXPECT_TRUE(exists(out + "/" + (*m)["json"].get<std::string>()));
+    }
+    const std::string md = slurp(out + "/results.md");
+    EXPECT_NE(md.find("## Attention meters"), std::string::npos) << md;
+    EXPECT_NE(md.find("| knn k=4 | 16 |"), std::string::npos) << md;
+    const std::string csv = slurp(out + "/meters.csv");
+    EXPECT_EQ(csv.substr(0, csv.find('\n')), "trained,seed,quantity,model,layer,head,T,mode,k,value");
+    EXPECT_NE(csv.find("\nknn k=16,1337,error_max,trained,0,1,16,knn,16,0\n"), std::string::npos);
+    EXPECT_NE(first.out.find("[meter 3/3] knn k=16, seed 1337 ... done"), std::string::npos) << first.out;
+}
+
+// Other --meter-flags redo the meters (only they), and --meters 0 runs none.
+TEST_F(CompareAttention, MeterFlagsRedoTheMeters) {
+    const std::string copy = tmp->file("meter_flags");
+    ASSERT_EQ(std::system(("cp -r " + out + " " + copy).c_str()), 0);
+    RunResult r = run_with_threads(command(text, copy, kSettings, "--plots 0 --meter-flags '--k 2,16 --windows 1'"), 1, *tmp);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("0 training(s) and 0 evaluation(s) run, 12 skipped"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("3 meter(s) run, 0 skipped"), std::string::npos) << r.out;
+    const json after = read_json(copy + "/results.json");
+    ASSERT_EQ(after["meters"].size(), 3u);
+    EXPECT_EQ(after["meters"][0]["result"]["k"], json::array({2, 16}));
+    RunResult none = run_with_threads(command(text, copy, kSettings, "--plots 0 --meters 0"), 1, *tmp);
+    ASSERT_EQ(none.exit_code, 0) << none.err;
+    EXPECT_EQ(none.out.find("meter(s) run"), std::string::npos) << none.out;
+}
+
 TEST_F(CompareAttention, WritesTheTablesOfEveryRunAndEvaluation) {
     const std::string md = slurp(out + "/results.md");
     EXPECT_NE(md.find("| trained with \\ evaluated with | exact | knn k=4 | knn k=16 |"), std::string::npos) << md;
@@ -182,12 +233,14 @@ TEST_F(CompareAttention, RerunSkipsFinishedWork) {
     RunResult again = run_with_threads(command(text, copy, kSettings, "--plots 0"), 1, *tmp);
     ASSERT_EQ(again.exit_code, 0) << again.err;
     EXPECT_NE(again.out.find("0 training(s) and 0 evaluation(s) run, 12 skipped"), std::string::npos) << again.out;
+    EXPECT_NE(again.out.find("0 meter(s) run, 3 skipped"), std::string::npos) << again.out;
     EXPECT_EQ(mtime_ns(log), before);
     EXPECT_EQ(read_json(copy + "/results.json")["evals"], db["evals"]);
 
     RunResult more = run_with_threads(command(text, copy, kSettings, "--plots 0 --seeds 1337,7"), 1, *tmp);
     ASSERT_EQ(more.exit_code, 0) << more.err;
     EXPECT_NE(more.out.find("3 training(s) and 9 evaluation(s) run, 12 skipped"), std::string::npos) << more.out;
+    EXPECT_NE(more.out.find("3 meter(s) run, 3 skipped"), std::string::npos) << more.out;
     json both = read_json(copy + "/results.json");
     EXPECT_EQ(both["runs"].size(), 6u);
     EXPECT_EQ(both["summary"]["matrix"][0][0]["val_loss"]["n"], 2);
@@ -232,8 +285,17 @@ TEST_F(CompareAttention, EvaluatesACheckpointUnderEverySetting) {
     RunResult r = run_with_threads(command(text, dir, kSettings, "--plots 0 --checkpoint " + model), 1, *tmp);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("0 training(s) and 3 evaluation(s) run"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("1 meter(s) run, 0 skipped"), std::string::npos) << r.out;
     json c = read_json(dir + "/results.json");
     EXPECT_TRUE(c["runs"].empty());
+    ASSERT_EQ(c["meters"].size(), 1u);
+    EXPECT_EQ(c["meters"][0]["trained"], "checkpoint");
+    // the checkpoint is the exact run's model, with the same seed: the same meter
+    for (const json& m : db["meters"]) {
+        if (m["trained"] == kFlags[0]) {
+            EXPECT_EQ(c["meters"][0]["result"]["layers"], m["result"]["layers"]);
+        }
+    }
     for (const auto& flags : kFlags)
         EXPECT_EQ(eval_loss(c, "checkpoint", 1337, flags), eval_loss(db, kFlags[0], 1337, flags)) << flags;
     EXPECT_NE(slurp(dir + "/results.md").find("| checkpoint |"), std::string::npos);
@@ -246,7 +308,9 @@ TEST_F(CompareAttention, PlotsArePngFiles) {
     ASSERT_EQ(std::system(("cp -r " + out + " " + copy).c_str()), 0);
     RunResult r = run_with_threads(command(text, copy, kSettings), 1, *tmp);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    for (const char* name : {"loss_curves.png", "cross_eval.png"})
+    for (const char* name : {"loss_curves.png", "cross_eval.png", "meter_exact_s1337_error.png", "meter_exact_s1337_mass.png",
+                             "meter_exact_s1337_c.png", "meter_exact_s1337_c_vs_T.png", "meter_knn_k=4_s1337_error.png",
+                             "meter_knn_k=16_s1337_c_vs_T.png"})
         EXPECT_TRUE(is_png(slurp(copy + "/" + name))) << name << " is not a PNG file";
 }
 
@@ -264,6 +328,8 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
         {command(text, dir, {"exact", "knn --attn-k"}), "expected flag-value pairs"},
         {command(text, dir, {"exact", "gumbel"}), "the trainer refuses it: train_gpt: error: --attn gumbel has no exact gradient"},
         {command(text, dir, {"exact"}, "--plots 2"), "--plots takes 0 or 1"},
+        {command(text, dir, {"exact"}, "--meters 2"), "--meters takes 0 or 1"},
+        {command(text, dir, {"exact"}, "--meter " + dir + "/none"), "not an executable (make build/attn_meter, or --meters 0)"},
         {command(text + ".missing", dir, {"exact"}), "cannot read it"},
         {tool() + " --bogus 1", "unknown flag '--bogus'"},
     };
@@ -285,7 +351,7 @@ TEST_F(CompareAttention, EveryFlagIsInHelpAndReadme) {
     ASSERT_NE(section, std::string::npos) << "README.md has no section on compare_attention";
     readme = readme.substr(section, readme.find("\n## ", section + 1) - section);
     for (const char* flag : {"--setting", "--seeds", "--text", "--checkpoint", "--out", "--trainer", "--prepare-data",
-                             "--plots", "--python", "-h"}) {
+                             "--plots", "--python", "--meters", "--meter", "--meter-flags", "-h"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
         EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README's section";

@@ -9,11 +9,16 @@
 //      --eval-only 1 on the model file, same base flags and seed): the
 //      cross-evaluation matrix, rows trained with X, columns evaluated with Y;
 //      with --checkpoint FILE it trains nothing and evaluates FILE instead;
-//   3. writes OUT/results.json (every run and evaluation, and the summary:
+//   3. runs the attention meters (build/attn_meter) on every trained model, or
+//      the checkpoint, once per seed: per layer and head, each approximate
+//      mode's error against exact attention as a function of k, the top-k
+//      mass, kmv's heavy keys, assumption A's c against T (trained and random
+//      init); --meters 0 leaves them out;
+//   4. writes OUT/results.json (every run, evaluation and meter, and the summary:
 //      mean ± std over seeds, loss curves), runs.csv, results.csv, matrix.csv,
-//      results.md, and the PNG plots of tools/plot_compare.py.
+//      meters.csv, results.md, and the PNG plots of tools/plot_compare.py.
 //
-// A rerun with the same base flags skips every training and evaluation that
+// A rerun with the same base flags skips every training, evaluation and meter that
 // results.json already holds (new settings or seeds add only their own work),
 // and resumes an interrupted training from its latest checkpoint (-n N).
 //
@@ -72,12 +77,21 @@ evaluates every trained model under every setting (the cross-evaluation matrix);
   --plots 0|1          write the PNG plots with tools/plot_compare.py (default 1; without
                        matplotlib they are skipped, saying so)
   --python PATH        the Python that runs the plots (default /usr/bin/python3)
+  --meters 0|1         run the attention meters on every trained model (or the
+                       checkpoint), once per seed (default 1): build/attn_meter on the
+                       validation data (--text, else -j among the trainer flags) at the
+                       trainer flags' -t, with --attn-seed S
+  --meter PATH         the meter program (default build/attn_meter of the repository)
+  --meter-flags FLAGS  more attn_meter flags, separated by spaces (e.g. "--windows 2
+                       --k 1,4,16 --c-t 64,256"); a meter run with other flags is redone
   -h, --help           this help
 
 Trainer flags the tool sets itself, and so refuses after `--`: -o, -y, --eval-only, --seed,
 --attn-seed; -e with --checkpoint; -i and -j with --text.
 Outputs in OUT: results.json, runs.csv, results.csv, matrix.csv, results.md,
-loss_curves.png, cross_eval.png; runs/<setting>_s<seed>/ holds each run's log and model.
+meters.csv, loss_curves.png, cross_eval.png, and per meter (setting, seed) meter_<name>_error.png,
+_mass.png, _c.png, _c_vs_T.png; runs/<setting>_s<seed>/ holds each run's log and model, and
+its meter.json, meter.csv and meter.log.
 )";
 
 [[noreturn]] void die(const std::string& msg) {
@@ -152,8 +166,9 @@ struct Options {
     std::vector<Setting> settings;
     std::vector<long> seeds = {1337};
     std::string text, checkpoint, out_dir = "build/compare";
-    std::string trainer, prepare_data, python = "/usr/bin/python3", plot_script;
-    int plots = 1;
+    std::string trainer, prepare_data, python = "/usr/bin/python3", plot_script, meter;
+    int plots = 1, meters = 1;
+    std::vector<std::string> meter_flags;  // --meter-flags, split
     std::vector<std::string> base;  // the trainer flags after --
 };
 
@@ -173,12 +188,21 @@ bool has_flag(const std::vector<std::string>& args, const std::string& flag) {
     return false;
 }
 
+// The value of the last `flag` among flag-value pairs, or "".
+std::string flag_value(const std::vector<std::string>& args, const std::string& flag) {
+    std::string value;
+    for (size_t i = 0; i + 1 < args.size(); i += 2)
+        if (args[i] == flag) value = args[i + 1];
+    return value;
+}
+
 Options parse_args(int argc, char** argv) {
     Options o;
     const std::string root = repository_root();
     o.trainer = root + "/train_gpt_cpu";
     o.prepare_data = root + "/prepare_data";
     o.plot_script = root + "/tools/plot_compare.py";
+    o.meter = root + "/build/attn_meter";
     std::vector<std::string> settings;
     int i = 1;
     for (; i < argc; i++) {
@@ -216,7 +240,13 @@ Options parse_args(int argc, char** argv) {
             std::string v = value;
             if (v != "0" && v != "1") die("--plots takes 0 or 1");
             o.plots = v == "1";
-        } else die("unknown flag '" + flag + "' (see -h; trainer flags go after --)");
+        } else if (flag == "--meters") {
+            std::string v = value;
+            if (v != "0" && v != "1") die("--meters takes 0 or 1");
+            o.meters = v == "1";
+        } else if (flag == "--meter") o.meter = value;
+        else if (flag == "--meter-flags") o.meter_flags = split_words(value);
+        else die("unknown flag '" + flag + "' (see -h; trainer flags go after --)");
     }
     for (; i < argc; i++) o.base.push_back(argv[i]);
 
@@ -246,6 +276,10 @@ Options parse_args(int argc, char** argv) {
     if (!o.text.empty() && access(o.text.c_str(), R_OK) != 0) die("--text " + o.text + ": cannot read it");
     if (!o.checkpoint.empty() && access(o.checkpoint.c_str(), R_OK) != 0)
         die("--checkpoint " + o.checkpoint + ": cannot read it");
+    if (o.meters && access(o.meter.c_str(), X_OK) != 0)
+        die("--meter " + o.meter + ": not an executable (make build/attn_meter, or --meters 0)");
+    if (o.meters && o.text.empty() && !has_flag(o.base, "-j"))
+        die("--meters 1 needs the validation data: --text FILE, or -j among the trainer flags (or --meters 0)");
     return o;
 }
 
@@ -381,6 +415,12 @@ json* find_run(json& db, const std::string& setting, long seed) {
     return nullptr;
 }
 
+json* find_meter(json& db, const std::string& trained, long seed) {
+    for (json& m : db["meters"])
+        if (m["trained"] == trained && m["seed"] == seed) return &m;
+    return nullptr;
+}
+
 json* find_eval(json& db, const std::string& trained, long seed, const std::string& evaluated) {
     for (json& e : db["evals"])
         if (e["trained"] == trained && e["seed"] == seed && e["evaluated"] == evaluated) return &e;
@@ -453,6 +493,54 @@ json curve_summary(const std::vector<std::map<int, double>>& curves, int window)
     return json{{"step", steps}, {"mean", mean}, {"std", std}};
 }
 
+void push_finite(std::vector<double>& x, double v) {
+    if (std::isfinite(v)) x.push_back(v);
+}
+
+// The meters' means over every layer and head (attn_meter's all_heads) at k = n^(1/8),
+// n^(1/4), n^(1/2), and c at the largest T, per row: mean and std over the seeds.
+json meters_summary(const Options& o, json& db) {
+    json rows = json::array();
+    for (const auto& r : matrix_rows(o)) {
+        std::vector<const json*> found;
+        for (long seed : o.seeds)
+            if (json* m = find_meter(db, r.key, seed)) found.push_back(&(*m)["result"]);
+        if (found.empty()) continue;
+        const json& first = *found[0];
+        json row{{"flags", r.key}, {"label", r.label}, {"T", first["T"]}, {"k_roots", first["k_roots"]}};
+        auto at_k = [](const json& m, const json& values, int k) {
+            for (size_t i = 0; i < m["k"].size(); i++)
+                if (m["k"][i].get<int>() == k && !values[i].is_null()) return values[i].get<double>();
+            return (double)NAN;
+        };
+        json errors = json::object(), mass = json::object();
+        for (const auto& [root, k] : first["k_roots"].items()) {
+            for (const auto& [mode, values] : first["all_heads"]["error_mean"].items()) {
+                std::vector<double> x;
+                for (const json* m : found)
+                    if (m->contains("all_heads") && (*m)["all_heads"]["error_mean"].contains(mode))
+                        push_finite(x, at_k(*m, (*m)["all_heads"]["error_mean"][mode], k.get<int>()));
+                errors[mode][root] = stats_json(stats_of(x));
+            }
+            std::vector<double> x;
+            for (const json* m : found) push_finite(x, at_k(*m, (*m)["all_heads"]["topk_mass_mean"], k.get<int>()));
+            mass[root] = stats_json(stats_of(x));
+        }
+        row["error_mean"] = errors;
+        row["topk_mass_mean"] = mass;
+        row["c_T"] = first["c_T"].back();
+        for (const char* key : {"c_kernel", "c_kernel_random_init"}) {
+            std::vector<double> x;
+            for (const json* m : found)
+                if ((*m)["all_heads"].contains(key) && !(*m)["all_heads"][key].back().is_null())
+                    x.push_back((*m)["all_heads"][key].back().get<double>());
+            row[key] = stats_json(stats_of(x));
+        }
+        rows.push_back(row);
+    }
+    return rows;
+}
+
 json summary_json(const Options& o, json& db) {
     json s;
     const std::vector<Row> rows = matrix_rows(o);
@@ -477,6 +565,7 @@ json summary_json(const Options& o, json& db) {
         }
         s["matrix"].push_back(line);
     }
+    s["meters"] = meters_summary(o, db);
     if (!o.checkpoint.empty()) return s;
     // training: each setting's runs, and the paired difference to the exact setting's run of the same seed
     bool exact = false;
@@ -601,6 +690,46 @@ void write_tables(const Options& o, json& db) {
     write_file_atomically(o.out_dir + "/matrix.csv", matrix);
     md += "## Cross-evaluation: validation loss\n\n" + header + "\n" + rule + "\n" + loss_table +
           "\n## Cross-evaluation: perplexity\n\n" + header + "\n" + rule + "\n" + ppl_table;
+
+    // the meters: every meter's CSV, its rows prefixed by the model and seed, and a table
+    std::string meters = "trained,seed,quantity,model,layer,head,T,mode,k,value\n";
+    for (const json& m : db["meters"]) {
+        const std::vector<std::string> lines = read_lines(o.out_dir + "/" + m["csv"].get<std::string>());
+        for (size_t i = 1; i < lines.size(); i++)
+            meters += csv_field(m["label"]) + "," + std::to_string(m["seed"].get<long>()) + "," + lines[i] + "\n";
+    }
+    write_file_atomically(o.out_dir + "/meters.csv", meters);
+    if (!s["meters"].empty()) {
+        const json& first = s["meters"][0];
+        std::string head = "| model | T |", line = "|---|---|";
+        std::vector<std::pair<std::string, std::string>> error_columns;  // (mode, root)
+        for (const auto& [mode, roots] : first["error_mean"].items())  // knn at every root, the others at n^(1/2)
+            for (const auto& [root, value] : roots.items()) {
+                if (mode != "knn" && root != "n^(1/2)") continue;
+                error_columns.push_back({mode, root});
+                head += " " + mode + " error, k = " + root + " |", line += "---|";
+            }
+        for (const auto& [root, k] : first["k_roots"].items())
+            head += " top-k mass, k = " + root + " (" + std::to_string(k.get<int>()) + ") |", line += "---|";
+        head += " c, T = " + std::to_string(first["c_T"].get<int>()) + " | c, random init |";
+        line += "---|---|";
+        md += "\n## Attention meters\n\nbuild/attn_meter on each model (`--meter-flags` `" + join(o.meter_flags) +
+              "`), on validation windows, q, k, v from its forward under exact attention: the relative l2 error "
+              "|o − o_exact| / |o_exact| of each mode, the softmax mass of the top-k set, and assumption A's c "
+              "(the kernel matrix's mass outside its T largest entries over the mass inside them), each the mean over "
+              "rows, then over every layer and head; mean ± std over seeds. Per layer and head: meters.csv, "
+              "the meter_*.png plots; the other modes at every k in meters.csv.\n\n" + head + "\n" + line + "\n";
+        for (const json& r : s["meters"]) {
+            md += "| " + r["label"].get<std::string>() + " | " + std::to_string(r["T"].get<int>()) + " |";
+            for (const auto& [mode, root] : error_columns)
+                md += " " + (r["error_mean"].contains(mode) ? mean_pm_std(stats_from_json(r["error_mean"][mode][root]))
+                                                             : std::string("-")) + " |";
+            for (const auto& [root, k] : first["k_roots"].items())
+                md += " " + mean_pm_std(stats_from_json(r["topk_mass_mean"][root])) + " |";
+            md += " " + mean_pm_std(stats_from_json(r["c_kernel"]), 3) + " | " +
+                  mean_pm_std(stats_from_json(r["c_kernel_random_init"]), 3) + " |\n";
+        }
+    }
     write_file_atomically(o.out_dir + "/results.md", md);
 }
 
@@ -663,8 +792,9 @@ int main(int argc, char** argv) {
                 "): use another --out, or remove it");
     } else {
         db = json{{"tool", "compare_attention"}, {"configuration", configuration_json(o)},
-                  {"runs", json::array()}, {"evals", json::array()}};
+                  {"runs", json::array()}, {"evals", json::array()}, {"meters", json::array()}};
     }
+    if (!db.contains("meters")) db["meters"] = json::array();  // results of a version without meters
 
     // the data
     std::vector<std::string> data;
@@ -797,6 +927,66 @@ int main(int argc, char** argv) {
             }
         }
     }
+    // the attention meters of every model (the checkpoint: once per seed, the draws' key)
+    int meters_run = 0, meters_skipped = 0, meters_total = 0;
+    double meter_s = 0;
+    const std::string meter_flags = join(o.meter_flags);
+    if (o.meters) {
+        make_dirs(o.out_dir + "/meters");
+        std::vector<std::string> data_flags = o.text.empty() ? std::vector<std::string>{"-j", flag_value(o.base, "-j")}
+                                                             : std::vector<std::string>{"--text", o.text};
+        if (!flag_value(o.base, "-t").empty()) data_flags = with(data_flags, {"-t", flag_value(o.base, "-t")});
+        int left = 0;
+        for (const auto& r : rows)
+            for (long seed : o.seeds) {
+                const json* m = find_meter(db, r.key, seed);
+                left += !m || (*m)["flags"] != meter_flags;
+            }
+        meters_total = (int)(rows.size() * o.seeds.size());
+        meters_skipped = meters_total - left;
+        job = 0;
+        for (const auto& r : rows) {
+            for (long seed : o.seeds) {
+                job++;
+                json* done = find_meter(db, r.key, seed);
+                if (done && (*done)["flags"] == meter_flags) continue;
+                std::string model = o.checkpoint;
+                if (training) model = o.out_dir + "/" + (*find_run(db, r.key, seed))["model"].get<std::string>();
+                if (!file_exists(model))
+                    die("model " + model + " of '" + r.label + "' seed " + std::to_string(seed) + " is gone");
+                const std::string name = file_name_of(r.label) + "_s" + std::to_string(seed);
+                const std::string rel = "meters/" + name, log = o.out_dir + "/" + rel + ".log";
+                printf("[meter %d/%d] %s, seed %ld ... ", job, meters_total, r.label.c_str(), seed);
+                fflush(stdout);
+                std::vector<std::string> args = with(with({o.meter, "-e", model}, data_flags),
+                                                     {"--attn-seed", std::to_string(seed), "--json",
+                                                      o.out_dir + "/" + rel + ".json", "--csv", o.out_dir + "/" + rel + ".csv"});
+                args = with(args, o.meter_flags);
+                auto t0 = std::chrono::steady_clock::now();
+                const int status = run_program(args, log, false);
+                if (status != 0)
+                    die("the meter of '" + r.label + "' seed " + std::to_string(seed) + " failed (exit " +
+                        std::to_string(status) + "): " + failure_line(log) + " (log: " + log + ")");
+                json result;
+                try {
+                    std::ifstream in(o.out_dir + "/" + rel + ".json");
+                    result = json::parse(in);
+                } catch (const std::exception& e) {
+                    die(o.out_dir + "/" + rel + ".json: not valid JSON (" + e.what() + ")");
+                }
+                const double seconds = seconds_since(t0);
+                meter_s += seconds, meters_run++, left--;
+                json record{{"trained", r.key}, {"label", r.label}, {"seed", seed}, {"flags", meter_flags},
+                            {"name", name}, {"json", rel + ".json"}, {"csv", rel + ".csv"}, {"result", result}};
+                if (done) *done = record;
+                else db["meters"].push_back(record);
+                save(o, db);
+                printf("done, %s | eta %s\n", format_duration(seconds).c_str(),
+                       format_duration(meter_s / meters_run * left).c_str());
+                fflush(stdout);
+            }
+        }
+    }
     save(o, db);  // the summary of the settings and seeds asked for, also when nothing ran
 
     if (o.plots) {
@@ -807,9 +997,11 @@ int main(int argc, char** argv) {
         else if (run_program({o.python, o.plot_script, results_path, o.out_dir}, log, false) != 0)
             die("plotting failed: " + failure_line(log) + " (log: " + log + ")");
         else
-            printf("compare_attention: plots %s%s/cross_eval.png\n",
-                   training ? (o.out_dir + "/loss_curves.png, ").c_str() : "", o.out_dir.c_str());
+            printf("compare_attention: plots %s%s/cross_eval.png%s\n",
+                   training ? (o.out_dir + "/loss_curves.png, ").c_str() : "", o.out_dir.c_str(),
+                   db["meters"].empty() ? "" : (", " + o.out_dir + "/meter_*.png").c_str());
     }
+    if (o.meters) printf("compare_attention: %d meter(s) run, %d skipped\n", meters_run, meters_skipped);
     printf("compare_attention: %d training(s) and %d evaluation(s) run, %d skipped; results in %s/results.md\n",
            p.trains_run, p.evals_run, skipped, o.out_dir.c_str());
     return 0;

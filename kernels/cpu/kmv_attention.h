@@ -85,8 +85,17 @@
 //
 // measure_assumption_a (§7.7): on the causal kernel matrix of one (b, h), with
 // R^2 = max over all T keys (the §7.3 matrix; masked entries 0), the top-n
-// entries with n = T: c^ = (sum_all - sum_top_n) / sum_top_n; and the same on the
+// entries with n = T: c^ = (sum_all - sum_top_n) / sum_top_n; the same with the
+// causal radius R_i of the kernel kmv thresholds (c_causal_radius); and on the
 // raw A_ij = exp(s_ij). Sums are taken relative to the largest entry, in double.
+//
+// measure_kmv_heavy (§7.4, §7.7; tools/kmv_stats, tools/attn_meter): over the
+// rows kmv estimates (n_i > K), with p_ij the exact softmax of row i (double),
+// the keys that pass each threshold among ALL causal keys (absolute: log K_ij >=
+// -alpha log n_i; relative: s_ij >= max_{j' <= i} s_ij' - alpha log n_i), their
+// count and softmax mass, and the heavy slots of kmv's own lists (both
+// thresholds, kmv_select_keys at K slots, m light samples) with their mass and
+// the LSH candidates checked. O(T^2 D) per (b, h), a diagnostic.
 //
 // Work per (b, h): projections O(T L num_bits D), O(i L num_bits) hashing per
 // rebuild at row i; per row O(L num_bits + bucket entries + candidates D +
@@ -126,9 +135,10 @@ struct KmvStats {
     long long table_builds = 0;   // (re)builds of the hash tables, over the heads (one per growth of R_i)
 };
 
-// ĉ of assumption A on the kernel matrix (§7.3) and on the raw attention A (§7.7).
+// ĉ of assumption A on the kernel matrix (§7.3), on the same with each row's causal
+// radius R_i (as kmv's threshold sees it), and on the raw attention A (§7.7).
 struct AssumptionA {
-    double c_kernel, c_raw;
+    double c_kernel, c_raw, c_causal_radius;
 };
 
 inline void kmv_check(bool ok, const char* what) {
@@ -513,19 +523,112 @@ inline AssumptionA measure_assumption_a(const float* qkv, int b, int h, int T, i
     const float* k = qkv + at.k;
     double radius2 = 0.0;  // R^2 = max_j |k_j|^2 over all T keys (§7.3)
     for (int j = 0; j < T; j++) radius2 = std::max(radius2, kmv_dot(k + (size_t)j * C3, k + (size_t)j * C3, HS));
-    std::vector<double> log_kernel, log_raw;
+    std::vector<double> log_kernel, log_raw, log_causal;
     log_kernel.reserve((size_t)T * (T + 1) / 2);
     log_raw.reserve((size_t)T * (T + 1) / 2);
+    log_causal.reserve((size_t)T * (T + 1) / 2);
+    double prefix_radius2 = 0.0;  // R_i^2 = max_{j <= i} |k_j|^2
     for (int i = 0; i < T; i++) {
         const float* q_i = q + (size_t)i * C3;
-        const double row_offset = (kmv_dot(q_i, q_i, HS) + radius2) / (2.0 * sqrt_d);
+        prefix_radius2 = std::max(prefix_radius2, kmv_dot(k + (size_t)i * C3, k + (size_t)i * C3, HS));
+        const double query_norm2 = kmv_dot(q_i, q_i, HS);
+        const double row_offset = (query_norm2 + radius2) / (2.0 * sqrt_d);
+        const double causal_offset = (query_norm2 + prefix_radius2) / (2.0 * sqrt_d);
         for (int j = 0; j <= i; j++) {
             const double s = tau * kmv_dot(q_i, k + (size_t)j * C3, HS);
             log_raw.push_back(s);
             log_kernel.push_back(s - row_offset);
+            log_causal.push_back(s - causal_offset);
         }
     }
-    return {kmv_tail_to_top_ratio(log_kernel, (size_t)T), kmv_tail_to_top_ratio(log_raw, (size_t)T)};
+    return {kmv_tail_to_top_ratio(log_kernel, (size_t)T), kmv_tail_to_top_ratio(log_raw, (size_t)T),
+            kmv_tail_to_top_ratio(log_causal, (size_t)T)};
+}
+
+// Sums over the rows of one head with n_i > K (measure_kmv_heavy); divide by rows.
+struct KmvHeavyTally {
+    double rows = 0;
+    double heavy_abs = 0, heavy_rel = 0;        // heavy keys among all causal keys, per threshold
+    double fraction_abs = 0, fraction_rel = 0;  // the same over n_i
+    double empty_abs = 0, empty_rel = 0;        // rows without a heavy key
+    double mass_abs = 0, mass_rel = 0;          // their softmax mass
+    double list_heavy_abs = 0, list_heavy_rel = 0;  // heavy slots of kmv's lists
+    double list_mass_abs = 0, list_mass_rel = 0;    // their softmax mass
+    double candidates_abs = 0, candidates_rel = 0;  // LSH candidates per row, the layer's mean per head
+    void add(const KmvHeavyTally& o) {
+        rows += o.rows, heavy_abs += o.heavy_abs, heavy_rel += o.heavy_rel;
+        fraction_abs += o.fraction_abs, fraction_rel += o.fraction_rel;
+        empty_abs += o.empty_abs, empty_rel += o.empty_rel, mass_abs += o.mass_abs, mass_rel += o.mass_rel;
+        list_heavy_abs += o.list_heavy_abs, list_heavy_rel += o.list_heavy_rel;
+        list_mass_abs += o.list_mass_abs, list_mass_rel += o.list_mass_rel;
+        candidates_abs += o.candidates_abs, candidates_rel += o.candidates_rel;
+    }
+};
+
+// One layer's qkv (B, T, 3C): adds each head's tally of its B rows to tally[h]
+// (NH entries). kmv's lists are drawn as the forward would draw them with p (its
+// seed, step, layer, batch0, alpha, light samples; the threshold is set here).
+inline void measure_kmv_heavy(KmvHeavyTally* tally, const float* qkv, int B, int T, int C, int NH, int K,
+                              const KmvParams& p) {
+    kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
+    if (T <= K) return;  // no row is estimated
+    const int HS = C / NH, C3 = 3 * C;
+    const double sqrt_d = std::sqrt((double)HS);
+    std::vector<int> idx((size_t)B * NH * T * K), heavy_slot[2];
+    std::vector<float> logw(idx.size());
+    KmvStats stats[2];
+    for (int mode = 0; mode < 2; mode++) {
+        KmvParams pm = p;
+        pm.threshold = mode == 0 ? KmvThreshold::Absolute : KmvThreshold::Relative;
+        kmv_select_keys(idx.data(), logw.data(), qkv, B, T, C, NH, K, pm, &stats[mode]);
+        heavy_slot[mode].assign(idx.begin(), idx.end());
+        for (size_t e = 0; e < idx.size(); e++)  // heavy slots: logw 0 in an estimated row
+            if (logw[e] != 0.0f) heavy_slot[mode][e] = -1;
+    }
+    std::vector<double> s(T), prob(T);
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < NH; h++) {
+            KmvHeavyTally& t = tally[h];
+            const AttentionHeadOffsets at = attention_head_offsets(b, h, T, C, HS);
+            const float* q = qkv + at.q;
+            const float* kk = qkv + at.k;
+            double radius2 = 0.0;
+            for (int i = 0; i < T; i++) {
+                const float* q_i = q + (size_t)i * C3;
+                radius2 = std::max(radius2, kmv_dot(kk + (size_t)i * C3, kk + (size_t)i * C3, HS));
+                if (i + 1 <= K) continue;
+                double largest = -HUGE_VAL, z = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    s[j] = kmv_dot(q_i, kk + (size_t)j * C3, HS) / sqrt_d;
+                    largest = std::max(largest, s[j]);
+                }
+                for (int j = 0; j <= i; j++) z += prob[j] = std::exp(s[j] - largest);
+                const double alpha_log_n = (double)p.heavy_alpha * std::log((double)(i + 1));
+                const double row_offset = (kmv_dot(q_i, q_i, HS) + radius2) / (2.0 * sqrt_d);
+                int n_abs = 0, n_rel = 0;
+                double mass_abs = 0.0, mass_rel = 0.0;
+                for (int j = 0; j <= i; j++) {
+                    if (s[j] - row_offset >= -alpha_log_n) n_abs++, mass_abs += prob[j] / z;
+                    if (s[j] >= largest - alpha_log_n) n_rel++, mass_rel += prob[j] / z;
+                }
+                t.rows++;
+                t.heavy_abs += n_abs, t.heavy_rel += n_rel, t.mass_abs += mass_abs, t.mass_rel += mass_rel;
+                t.fraction_abs += (double)n_abs / (i + 1), t.fraction_rel += (double)n_rel / (i + 1);
+                t.empty_abs += n_abs == 0, t.empty_rel += n_rel == 0;
+                const size_t row = (((size_t)b * NH + h) * T + i) * K;
+                for (int slot = 0; slot < K; slot++) {
+                    const int ja = heavy_slot[0][row + slot], jr = heavy_slot[1][row + slot];
+                    if (ja >= 0) t.list_heavy_abs++, t.list_mass_abs += prob[ja] / z;
+                    if (jr >= 0) t.list_heavy_rel++, t.list_mass_rel += prob[jr] / z;
+                }
+            }
+        }
+    }
+    // candidates: counted per layer, so every head gets the layer's mean
+    for (int h = 0; h < NH; h++) {
+        tally[h].candidates_abs += (double)stats[0].candidates / NH;
+        tally[h].candidates_rel += (double)stats[1].candidates / NH;
+    }
 }
 
 }  // namespace knngpt::cpu
