@@ -87,6 +87,7 @@ help:
 	@echo "                      into $(PORTABLE)/ with PORTABLE_ARCHFLAGS in place of ARCHFLAGS, and run"
 	@echo "  make test-native    the CUDA kernel tests built with nvcc, run on the GPU"
 	@echo "  make build/bench_attention_cuda  exact attention TFLOP/s on a GPU (tools/gpu_check.sh runs it)"
+	@echo "  make build/bench_checkpoint  a checkpoint's checksums and fsyncs against plain writes"
 	@echo "  make build/kmv_stats  how much of each attention row kmv's heavy keys hold, on a trained model"
 	@echo "  make build/compare_attention  attention settings trained and cross-evaluated against exact attention"
 	@echo "  make compare-long   T = 1024 on BENCH_TEXT: exact vs knn k 8..64, knn-tail, cluster, sampled grads,"
@@ -202,6 +203,11 @@ $(BUILD)/bench_attention_cuda: tools/bench_attention_cuda.cu $(DEPDIR)/$(BUILD)/
 	$(NVCC) $(NVCCFLAGS) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS)
 
 $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_attention.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+# what a checkpoint's checksums and fsyncs cost, against plain writes (tools/bench_checkpoint.cpp)
+$(BUILD)/bench_checkpoint: tools/bench_checkpoint.cpp $(DEPDIR)/$(BUILD)/bench_checkpoint.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 

@@ -3,7 +3,11 @@
 //
 // Model file (llm.c "gpt2_124M.bin" format), little endian:
 //   header  256 int32: [0] 20240326 magic, [1] version (3 = fp32, 5 = bf16),
-//           [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp, rest 0
+//           [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp, rest 0, except (knngpt's
+//           files) [248] 0x4d55534b ("KSUM" as bytes: checksums follow),
+//           [249] 1 (XXH64, model/checksum.h), [250..251] u64 checksum of the
+//           parameter bytes as stored. llm.c reads [0..7] only, so it reads our
+//           files as its own; a file without [248] (llm.c's) loads unchecked.
 //   then every parameter in llm.c order (model/gpt.h), fp32 or bf16.
 //
 // Training-state file, little endian:
@@ -17,13 +21,21 @@
 //           [50..59] the attention settings (mode, k, tail, index, grad,
 //           grad samples, grad source, signed dV, gumbel groups, gumbel
 //           samples), [60..61] u64 attention seed, [62] kmv threshold
-//           (0 absolute, 1 relative; 0 in files from before it existed)
+//           (0 absolute, 1 relative; 0 in files from before it existed),
+//           [70] 0x4d55534b ("KSUM": checksums follow; 0 in files from before them),
+//           [71] 1 (XXH64), [72..73] u64 the parameter checksum of the model file
+//           it belongs to (the model header's [250..251]), [74..75] u64 checksum of
+//           this whole file, computed with [74..75] zero
 //   then AdamW m and v, each parameter-count fp32: the whole vectors, also when
 //   the run sharded them over its processes (ZeRO-1), so any world size resumes.
 //
-// Every file is written to "<path>.tmp" and renamed into place, so a crash
-// never leaves a half-written file under the real name.
+// Every file is written to "<path>.tmp", flushed to the disk (fsync), renamed
+// into place and its directory synced, so a crash never leaves a half-written
+// file under the real name, and a renamed file survives a power loss.
 #pragma once
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "model/checksum.h"
 #include "model/gpt.h"
 
 namespace knngpt {
@@ -40,6 +53,17 @@ constexpr int MODEL_MAGIC = 20240326;
 constexpr int STATE_MAGIC = 20240527;
 constexpr int STATE_VERSION = 1;
 constexpr int HEADER_INTS = 256;
+// the checksum slots (see the top of the file)
+constexpr int CHECKSUM_MARK = 0x4d55534b;  // "KSUM" as little-endian bytes
+constexpr int CHECKSUM_XXH64 = 1;
+constexpr int MODEL_CHECKSUM_SLOT = 248;  // [248] mark, [249] kind, [250..251] parameter checksum
+constexpr int STATE_CHECKSUM_SLOT = 70;   // [70] mark, [71] kind, [72..73] model's, [74..75] own
+
+inline std::string hex64(uint64_t x) {
+    char buf[20];
+    snprintf(buf, sizeof(buf), "%016llx", (unsigned long long)x);
+    return buf;
+}
 
 // ---------------------------------------------------------------------------
 // Small file helpers: one-line errors naming the file.
@@ -62,23 +86,48 @@ inline void read_exact(FILE* f, void* dst, size_t bytes, const std::string& path
         throw std::runtime_error(path + ": truncated while reading " + what);
 }
 
-// Writes `body` to path.tmp, flushes, and renames it to path.
+// Writes `body` to path.tmp, flushes it to the disk, renames it to path and
+// syncs the directory. A failure (disk full, a file-size limit) removes the
+// temporary file and throws one line naming path and the system's reason;
+// whatever stood under path before is untouched.
 template <class WriteBody>
 void write_atomically(const std::string& path, WriteBody body) {
     std::string tmp = path + ".tmp";
     FILE* f = fopen(tmp.c_str(), "wb");
     if (!f) throw std::runtime_error(path + ": cannot open for writing (" + std::strerror(errno) + ")");
-    bool ok = body(f);
-    ok = (fflush(f) == 0) && ok;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
+    int error = 0;  // the first failure's errno
+    auto check = [&](bool ok) { if (!ok && !error) error = errno ? errno : EIO; };
+    errno = 0;
+    check(body(f));
+    check(fflush(f) == 0);
+    check(fsync(fileno(f)) == 0);
+    check(fclose(f) == 0);
+    if (error) {
         std::remove(tmp.c_str());
-        throw std::runtime_error(path + ": write failed (disk full?)");
+        throw std::runtime_error(path + ": write failed (" + std::strerror(error) + "); nothing written under this name");
     }
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        error = errno;
         std::remove(tmp.c_str());
-        throw std::runtime_error(path + ": cannot rename the temporary file into place");
+        throw std::runtime_error(path + ": cannot rename the temporary file into place (" + std::strerror(error) + ")");
     }
+    // the rename itself reaches the disk with the directory (some filesystems cannot sync one: EINVAL)
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    int d = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+    if (d >= 0) {
+        const bool synced = fsync(d) == 0 || errno == EINVAL;
+        error = errno;
+        close(d);
+        if (!synced) throw std::runtime_error(dir + ": cannot sync the directory (" + std::strerror(error) + ")");
+    }
+}
+
+inline void put_u64(int* header, int at, uint64_t x) { std::memcpy(header + at, &x, sizeof(x)); }
+inline uint64_t get_u64(const int* header, int at) {
+    uint64_t x;
+    std::memcpy(&x, header + at, sizeof(x));
+    return x;
 }
 
 // bf16 -> fp32 is exact: the bf16 bits are the upper half of the fp32 bits.
@@ -96,12 +145,21 @@ struct ModelFile {
     GPTConfig config;
     int version = 0;
     std::vector<float> params;  // llm.c order, fp32 (bf16 files are widened)
+    bool has_checksum = false;  // the header records one (knngpt's files; llm.c's do not)
+    uint64_t checksum = 0;      // the parameter checksum it records
 };
+
+// The message of a checksum that does not match (one line, naming the file).
+inline std::string checksum_mismatch(const std::string& path, const char* what, uint64_t found, uint64_t recorded) {
+    return path + ": checksum mismatch: " + what + " hash to " + hex64(found) + ", the header records " +
+           hex64(recorded) + " (a damaged file; --verify-checksum 0 loads it anyway)";
+}
 
 // Reads a version 3 (fp32) or 5 (bf16) llm.c model file; throws one line
 // naming the file and the problem (missing, bad magic, version, bad shape,
-// truncated or trailing bytes).
-inline ModelFile read_model_file(const std::string& path) {
+// truncated or trailing bytes, and with `verify` a parameter checksum that
+// does not match the header's, where it has one).
+inline ModelFile read_model_file(const std::string& path, bool verify = true) {
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error(path + ": cannot open model file (" + std::strerror(errno) + ")");
     FileCloser closer{f};
@@ -132,18 +190,29 @@ inline ModelFile read_model_file(const std::string& path) {
     if (actual > expected)
         throw std::runtime_error(path + ": " + std::to_string(actual - expected) +
                                  " unexpected bytes after the parameters (shape mismatch?)");
+    m.has_checksum = header[MODEL_CHECKSUM_SLOT] == CHECKSUM_MARK;
+    if (m.has_checksum && header[MODEL_CHECKSUM_SLOT + 1] != CHECKSUM_XXH64)
+        throw std::runtime_error(path + ": unknown checksum kind " + std::to_string(header[MODEL_CHECKSUM_SLOT + 1]) +
+                                 " in header slot " + std::to_string(MODEL_CHECKSUM_SLOT + 1));
+    m.checksum = get_u64(header, MODEL_CHECKSUM_SLOT + 2);
     m.params.resize(n);
+    uint64_t found = 0;
     if (m.version == 3) {
         read_exact(f, m.params.data(), n * 4, path, "the parameters");
+        if (m.has_checksum && verify) found = xxh64(m.params.data(), n * 4);
     } else {
         std::vector<uint16_t> raw(n);
         read_exact(f, raw.data(), n * 2, path, "the parameters");
+        if (m.has_checksum && verify) found = xxh64(raw.data(), n * 2);
         for (size_t i = 0; i < n; i++) m.params[i] = bf16_to_float(raw[i]);
     }
+    if (m.has_checksum && verify && found != m.checksum)
+        throw std::runtime_error(checksum_mismatch(path, "the parameters", found, m.checksum));
     return m;
 }
 
-inline void write_model_file(const std::string& path, const GPTConfig& c, const std::vector<float>& params) {
+// Writes a version 3 model file with its parameter checksum; returns the checksum.
+inline uint64_t write_model_file(const std::string& path, const GPTConfig& c, const std::vector<float>& params) {
     if (params.size() != count_parameters(c)) throw std::runtime_error(path + ": parameter count does not match the config");
     int header[HEADER_INTS] = {0};
     header[0] = MODEL_MAGIC;
@@ -154,10 +223,15 @@ inline void write_model_file(const std::string& path, const GPTConfig& c, const 
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
+    const uint64_t checksum = xxh64(params.data(), params.size() * sizeof(float));
+    header[MODEL_CHECKSUM_SLOT] = CHECKSUM_MARK;
+    header[MODEL_CHECKSUM_SLOT + 1] = CHECKSUM_XXH64;
+    put_u64(header, MODEL_CHECKSUM_SLOT + 2, checksum);
     write_atomically(path, [&](FILE* f) {
         return fwrite(header, sizeof(header), 1, f) == 1 &&
                fwrite(params.data(), sizeof(float), params.size(), f) == params.size();
     });
+    return checksum;
 }
 
 // ---------------------------------------------------------------------------
@@ -172,13 +246,20 @@ struct TrainState {
     uint64_t data_epoch = 0, data_shard_pos = 0, data_batch_pos = 0;
     AttnConfig attn;              // the attention the run trained with
     std::vector<float> m, v;      // AdamW moments, parameter count each
+    bool has_checksum = false;    // read: the file carries checksums (written: always)
+    uint64_t model_checksum = 0;  // the parameter checksum of the model file it belongs to
 };
 
-inline void put_u64(int* header, int at, uint64_t x) { std::memcpy(header + at, &x, sizeof(x)); }
-inline uint64_t get_u64(const int* header, int at) {
-    uint64_t x;
-    std::memcpy(&x, header + at, sizeof(x));
-    return x;
+// The state file's own checksum: the header with its slots [74..75] zero, then m and v.
+inline uint64_t state_checksum(const int* header, const std::vector<float>& m, const std::vector<float>& v) {
+    int h[HEADER_INTS];
+    std::memcpy(h, header, sizeof(h));
+    put_u64(h, STATE_CHECKSUM_SLOT + 4, 0);
+    Xxh64 sum;
+    sum.update(h, sizeof(h));
+    sum.update(m.data(), m.size() * sizeof(float));
+    sum.update(v.data(), v.size() * sizeof(float));
+    return sum.digest();
 }
 
 inline void write_state_file(const std::string& path, const TrainState& s) {
@@ -204,6 +285,10 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
     std::memcpy(header + 50, attn_fields, sizeof(attn_fields));
     put_u64(header, 60, a.seed);
     header[62] = (int)a.kmv_threshold;
+    header[STATE_CHECKSUM_SLOT] = CHECKSUM_MARK;
+    header[STATE_CHECKSUM_SLOT + 1] = CHECKSUM_XXH64;
+    put_u64(header, STATE_CHECKSUM_SLOT + 2, s.model_checksum);
+    put_u64(header, STATE_CHECKSUM_SLOT + 4, state_checksum(header, s.m, s.v));
     write_atomically(path, [&](FILE* f) {
         return fwrite(header, sizeof(header), 1, f) == 1 &&
                fwrite(s.m.data(), sizeof(float), s.m.size(), f) == s.m.size() &&
@@ -211,8 +296,9 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
     });
 }
 
-// Reads a state file written for a model of `num_parameters` parameters.
-inline TrainState read_state_file(const std::string& path, size_t num_parameters) {
+// Reads a state file written for a model of `num_parameters` parameters; with
+// `verify` its own checksum must match, where it has one.
+inline TrainState read_state_file(const std::string& path, size_t num_parameters, bool verify = true) {
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error(path + ": cannot open state file (" + std::strerror(errno) + ")");
     FileCloser closer{f};
@@ -223,7 +309,30 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
                                  std::to_string(STATE_MAGIC) + ", a training-state file)");
     if (header[1] != STATE_VERSION)
         throw std::runtime_error(path + ": unsupported state version " + std::to_string(header[1]));
+    // sizes first (they bound what is read), then the checksum over everything,
+    // then the fields: a damaged header is named as such, not as a bad field
+    uint64_t n = get_u64(header, 40);
+    if (n != num_parameters)
+        throw std::runtime_error(path + ": holds optimizer state for " + std::to_string(n) + " parameters, the model has " +
+                                 std::to_string(num_parameters));
+    long expected = (long)(sizeof(header) + 2 * n * sizeof(float));
+    if (file_size_of(f) != expected)
+        throw std::runtime_error(path + ": truncated or oversized: expected " + std::to_string(expected) + " bytes, found " +
+                                 std::to_string(file_size_of(f)));
     TrainState s;
+    s.m.resize(n);
+    s.v.resize(n);
+    read_exact(f, s.m.data(), n * sizeof(float), path, "AdamW m");
+    read_exact(f, s.v.data(), n * sizeof(float), path, "AdamW v");
+    s.has_checksum = header[STATE_CHECKSUM_SLOT] == CHECKSUM_MARK;
+    if (s.has_checksum && header[STATE_CHECKSUM_SLOT + 1] != CHECKSUM_XXH64)
+        throw std::runtime_error(path + ": unknown checksum kind " + std::to_string(header[STATE_CHECKSUM_SLOT + 1]) +
+                                 " in header slot " + std::to_string(STATE_CHECKSUM_SLOT + 1));
+    s.model_checksum = get_u64(header, STATE_CHECKSUM_SLOT + 2);
+    if (s.has_checksum && verify) {
+        const uint64_t recorded = get_u64(header, STATE_CHECKSUM_SLOT + 4), found = state_checksum(header, s.m, s.v);
+        if (found != recorded) throw std::runtime_error(checksum_mismatch(path, "the header and AdamW state", found, recorded));
+    }
     s.world = header[2];
     s.rank = header[3];
     s.shuffle = header[5] != 0;
@@ -250,19 +359,24 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative)
         throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..62)");
-    uint64_t n = get_u64(header, 40);
-    if (n != num_parameters)
-        throw std::runtime_error(path + ": holds optimizer state for " + std::to_string(n) + " parameters, the model has " +
-                                 std::to_string(num_parameters));
-    long expected = (long)(sizeof(header) + 2 * n * sizeof(float));
-    if (file_size_of(f) != expected)
-        throw std::runtime_error(path + ": truncated or oversized: expected " + std::to_string(expected) + " bytes, found " +
-                                 std::to_string(file_size_of(f)));
-    s.m.resize(n);
-    s.v.resize(n);
-    read_exact(f, s.m.data(), n * sizeof(float), path, "AdamW m");
-    read_exact(f, s.v.data(), n * sizeof(float), path, "AdamW v");
     return s;
+}
+
+// The checkpoint of `step` in a run directory (model/checkpoint_dir.h names):
+// the state of that step is removed first (so no older state stands beside a
+// new model), then the model file and then the state are written, the state
+// recording the model's checksum. A failed write removes the new model file
+// too, so the step is either complete or absent, and throws one line.
+inline void write_checkpoint(const std::string& model_path, const std::string& state_path, const GPTConfig& c,
+                             const std::vector<float>& params, TrainState& s) {
+    std::remove(state_path.c_str());
+    s.model_checksum = write_model_file(model_path, c, params);
+    try {
+        write_state_file(state_path, s);
+    } catch (...) {
+        std::remove(model_path.c_str());
+        throw;
+    }
 }
 
 // Moves the optimizer state between a model and a TrainState, which always

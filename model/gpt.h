@@ -289,6 +289,9 @@ struct GPT {
     bool dlogits_ready = false;
     float fused_dloss = 0.0f;
     std::vector<float> host_losses; // (B, T) per-token losses of the last forward
+    // Test hook (the trainer's --inject-nan): when >= 0, the next forward writes a
+    // NaN into element 0 of this layer's attention output, a fault to be caught.
+    int poison_layer = -1;
 
     GPT() = default;
     GPT(const GPT&) = delete;
@@ -473,6 +476,10 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
         ops::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, residual, p.ln1w + l * C, p.ln1b + l * C, N, C);
         ops::matmul_forward(la.qkv, la.ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, N, C, 3 * C);
         attention_layer_forward(attn_layer_call(model, l), la.atty, la.att_lse, la.qkv, B, T, C, NH);
+        if (l == model.poison_layer) {
+            const float nan = NAN;
+            ops::copy_to_device(la.atty, &nan, sizeof(nan));
+        }
         ops::matmul_forward(la.attproj, la.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, N, C, C);
         ops::residual_forward(la.residual2, residual, la.attproj, (size_t)N * C);
         ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);
@@ -619,11 +626,9 @@ inline bool gpt_is_sharded(const GPT& model) {
     return model.parallel.zero_stage == 1 && model.parallel.comm && model.parallel.comm->carries_collectives();
 }
 
-// One AdamW step t (t >= 1) at learning rate lr, after the ranks' gradients
-// are reduced (see DataParallel). Clips the gradient to the global norm
-// opt.grad_clip by scaling it inside the update. Weight decay applies to the
-// tensors PARAMETER_IS_DECAYED marks. Returns the gradient norm before clipping.
-inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
+// The first half of an optimizer step: sums the ranks' gradients (see
+// DataParallel) and returns the global gradient norm, the same on every rank.
+inline float gpt_reduce_gradients(GPT& model) {
     Comm* comm = model.parallel.comm;
     const bool sharded = gpt_is_sharded(model);
     if (sharded) {
@@ -642,7 +647,15 @@ inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
     const size_t begin = model.shard_begin, end = model.shard_end;
     double norm_squared = end > begin ? ops::global_norm_squared(model.grads_memory + begin, end - begin) : 0.0;
     if (sharded) norm_squared = comm->all_reduce_host(norm_squared, ReduceOp::Sum);
-    const float norm = (float)std::sqrt(norm_squared);
+    return (float)std::sqrt(norm_squared);
+}
+
+// The second half: AdamW step t (t >= 1) at learning rate lr on the reduced
+// gradients, whose global norm is `norm` (gpt_reduce_gradients). Clips the
+// gradient to the global norm opt.grad_clip by scaling it inside the update.
+// Weight decay applies to the tensors PARAMETER_IS_DECAYED marks.
+inline void gpt_apply_update(GPT& model, float lr, const AdamWConfig& opt, int t, float norm) {
+    const size_t begin = model.shard_begin, end = model.shard_end;
     float grad_scale = (opt.grad_clip > 0.0f && norm > opt.grad_clip) ? opt.grad_clip / norm : 1.0f;
     size_t offset = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -655,11 +668,85 @@ inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
                               grad_scale);
         offset += model.param_sizes[i];
     }
-    if (sharded) {
-        comm->all_gather(model.params_memory, model.shard_size);
+    if (gpt_is_sharded(model)) {
+        model.parallel.comm->all_gather(model.params_memory, model.shard_size);
         ops::refresh_parameter_copy(model.params_memory, model.num_parameters);  // the other ranks' shards
     }
+}
+
+// One AdamW step: both halves. A non-finite gradient norm (a NaN or inf
+// somewhere in the gradient) never reaches the parameters or the moments: the
+// update is skipped, on every rank alike. Returns the norm before clipping.
+inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
+    const float norm = gpt_reduce_gradients(model);
+    if (std::isfinite(norm)) gpt_apply_update(model, lr, opt, t, norm);
     return norm;
+}
+
+// ----------------------------------------------------------------------------
+// Numerical faults: where a NaN or inf first appears. Each copies tensors to
+// the host one by one, so call them only once a fault is known (a non-finite
+// loss or gradient norm), never on the way of a healthy step.
+
+// Does the device range [x, x + n) hold a NaN or inf?
+inline bool device_has_nonfinite(const float* x, size_t n) {
+    std::vector<float> host(std::min<size_t>(n, (size_t)1 << 20));
+    for (size_t done = 0; done < n; done += host.size()) {
+        const size_t count = std::min(host.size(), n - done);
+        ops::copy_to_host(host.data(), x + done, count * sizeof(float));
+        for (size_t i = 0; i < count; i++)
+            if (!std::isfinite(host[i])) return true;
+    }
+    return false;
+}
+
+// The first activation of the last forward, in the order the forward writes
+// them, that holds a NaN or inf: "layer 1 atty", "lnf", "logits" (dlogits after
+// a fused forward), ...; "" when there is none.
+inline std::string gpt_first_nonfinite_activation(const GPT& model) {
+    const GPTConfig& c = model.config;
+    const size_t N = (size_t)model.cur_B * model.cur_T, C = c.channels, BTa = (size_t)model.B * model.T;
+    const ActivationTensors& a = model.acts;
+    if (device_has_nonfinite(a.encoded, N * C)) return "encoded (wte + wpe)";
+    for (int l = 0; l < c.num_layers; l++) {
+        const LayerActivations la = layer_activations(a, l, BTa, C, c.num_heads);
+        const std::pair<const char*, std::pair<const float*, size_t>> tensors[] = {
+            {"ln1", {la.ln1, N * C}},       {"qkv", {la.qkv, N * 3 * C}},       {"atty", {la.atty, N * C}},
+            {"attproj", {la.attproj, N * C}}, {"residual2", {la.residual2, N * C}}, {"ln2", {la.ln2, N * C}},
+            {"fch", {la.fch, N * 4 * C}},   {"fch_gelu", {la.fch_gelu, N * 4 * C}}, {"fcproj", {la.fcproj, N * C}},
+            {"residual3", {la.residual3, N * C}}};
+        for (const auto& [name, range] : tensors)
+            if (device_has_nonfinite(range.first, range.second)) return "layer " + std::to_string(l) + " " + name;
+    }
+    if (device_has_nonfinite(a.lnf, N * C)) return "lnf";
+    if (device_has_nonfinite(a.logits, N * c.padded_vocab_size)) return model.dlogits_ready ? "dlogits" : "logits";
+    if (device_has_nonfinite(a.losses, N)) return "losses";
+    return "";
+}
+
+// The first parameter gradient, in the order the backward writes them (lnf,
+// then the blocks from the last down, then the embeddings), that holds a NaN
+// or inf, as "layer 1 qkvw" or "wte"; "" when there is none. Under ZeRO-1 only
+// this rank's shard is searched (the rest is not reduced here).
+inline std::string gpt_first_nonfinite_gradient(const GPT& model) {
+    std::array<size_t, NUM_PARAMETER_TENSORS> offsets{};
+    for (int i = 1; i < NUM_PARAMETER_TENSORS; i++) offsets[i] = offsets[i - 1] + model.param_sizes[i - 1];
+    // the part of [offset, offset + n) inside this rank's [shard_begin, shard_end)
+    auto bad = [&](size_t offset, size_t n) {
+        const size_t lo = std::max(offset, model.shard_begin), hi = std::min(offset + n, model.shard_end);
+        return hi > lo && device_has_nonfinite(model.grads_memory + lo, hi - lo);
+    };
+    const int L = model.config.num_layers;
+    for (int i : {NUM_PARAMETER_TENSORS - 2, NUM_PARAMETER_TENSORS - 1})
+        if (bad(offsets[i], model.param_sizes[i])) return PARAMETER_NAMES[i];
+    for (int l = L - 1; l >= 0; l--)
+        for (int i = NUM_PARAMETER_TENSORS - 3; i >= 2; i--) {
+            const size_t per_layer = model.param_sizes[i] / L;
+            if (bad(offsets[i] + l * per_layer, per_layer)) return "layer " + std::to_string(l) + " " + PARAMETER_NAMES[i];
+        }
+    for (int i : {0, 1})
+        if (bad(offsets[i], model.param_sizes[i])) return PARAMETER_NAMES[i];
+    return "";
 }
 
 }  // namespace knngpt

@@ -24,25 +24,7 @@ using knngpt_test::RunResult;
 using knngpt_test::slurp;
 using knngpt_test::step_losses;
 
-class Trainer : public ::testing::Test {
-  protected:
-    knngpt_test::TempDir tmp;
-    std::string train, val;
-    void SetUp() override {
-        if (!exists(program_path("train_gpt_cpu")) || !exists(program_path("prepare_data")))
-            GTEST_SKIP() << program_path("train_gpt_cpu") << " or " << program_path("prepare_data")
-                         << " not built (run `make test` from the repository root)";
-        RunResult r = knngpt_test::prepare_text_shards(tmp, 60000);
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        train = tmp.file("t_train.bin");
-        val = tmp.file("t_val.bin");
-    }
-    // A small, fast model on the test text.
-    std::string base() const {
-        return program_path("train_gpt_cpu") + " -i " + train + " -j " + val +
-               " --layers 2 --heads 2 --channels 32 -b 4 -t 32 -l 3e-3 -v 0 -m 2 -s 0 -g 8";
-    }
-};
+class Trainer : public knngpt_test::CpuTrainerTest {};
 
 }  // namespace
 

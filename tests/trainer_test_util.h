@@ -1,8 +1,9 @@
 // tests/trainer_test_util.h — running the trainer programs from a test:
 // capture of stdout/stderr and exit code, a deterministic pseudo-English text,
 // the losses printed on "step N/M" lines and the final val loss, the distance
-// of two model files, and where the programs are. Used by test_trainer.cpp,
-// test_cuda_trainer.cpp and test_parallel_trainer.cpp.
+// of two model files, where the programs are, and the fixture of a CPU
+// trainer test. Used by test_trainer.cpp, test_cuda_trainer.cpp,
+// test_parallel_trainer.cpp and test_reliability.cpp.
 #pragma once
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -119,6 +120,28 @@ inline double parameter_difference(const std::string& path_a, const std::string&
     }
     return std::sqrt(diff / norm);
 }
+
+// A test of the train_gpt_cpu program on byte-level shards of make_text
+// (60000 bytes) in a temporary directory; skipped where the programs are not built.
+class CpuTrainerTest : public ::testing::Test {
+  protected:
+    TempDir tmp;
+    std::string train, val;
+    void SetUp() override {
+        if (!exists(program_path("train_gpt_cpu")) || !exists(program_path("prepare_data")))
+            GTEST_SKIP() << program_path("train_gpt_cpu") << " or " << program_path("prepare_data")
+                         << " not built (run `make test` from the repository root)";
+        RunResult r = prepare_text_shards(tmp, 60000);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        train = tmp.file("t_train.bin");
+        val = tmp.file("t_val.bin");
+    }
+    // A small, fast model on the test text.
+    std::string base() const {
+        return program_path("train_gpt_cpu") + " -i " + train + " -j " + val +
+               " --layers 2 --heads 2 --channels 32 -b 4 -t 32 -l 3e-3 -v 0 -m 2 -s 0 -g 8";
+    }
+};
 
 // "val loss X" of the summary line.
 inline double final_val_loss(const std::string& out) {

@@ -2,11 +2,11 @@
 # Installs the Debian 12 packages knngpt needs, skipping those already present.
 #   bash tools/install_deps.sh           build + quick start (compiler, OpenBLAS, OpenMPI, bible-kjv text),
 #                                        and compare_attention's JSON library and plots (nlohmann-json, matplotlib)
-#   bash tools/install_deps.sh --tests   also what `make test` needs (GoogleTest, python3-torch)
+#   bash tools/install_deps.sh --tests   also what `make test` needs (GoogleTest, python3-torch, xxhsum)
 set -euo pipefail
 packages=(g++ make libopenblas-openmp-dev openmpi-bin libopenmpi-dev bible-kjv nlohmann-json3-dev python3-matplotlib)
 if [ "${1:-}" = "--tests" ]; then
-  packages+=(libgtest-dev python3-torch python3-numpy)
+  packages+=(libgtest-dev python3-torch python3-numpy xxhash)
 fi
 missing=()
 for p in "${packages[@]}"; do

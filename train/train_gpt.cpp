@@ -18,8 +18,10 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <csignal>
 #include <string>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 #include "data/dataloader.h"
@@ -59,6 +61,12 @@ struct Options {
     int sample_every = 500;              // -s
     int gen_tokens = 128;                // -g
     int checkpoint_every = 0;            // -n
+    int keep_last = 0;                   // -nk
+    int major_every = 0;                 // -nm
+    int verify_checksum = 1;             // --verify-checksum
+    int skip_nonfinite = 0;              // --skip-nonfinite
+    int inject_nan_step = 0;             // --inject-nan STEP[:LAYER] (testing)
+    int inject_nan_layer = 0;
     int resume = 0;                      // -y
     int overfit_single_batch = 0;        // -a
     int eval_only = 0;                   // --eval-only
@@ -143,7 +151,18 @@ Evaluation, sampling, output
   --tokenizer FILE llm.c tokenizer file to decode samples (default: byte-level when vocab <= 256)
   -o DIR           output directory for main.log and checkpoints (default: none)
   -n N             write a checkpoint every N steps, and at the end (needs -o; default 0 = only at the end)
+  -nk N            keep only the latest N checkpoints, removing older ones (default 0: keep all)
+  -nm M            with -nk, also keep every checkpoint whose step is a multiple of M, for good (default 0: none)
   -y 0|1           resume from the latest checkpoint in -o (default 0)
+  --verify-checksum 0|1  check the checksums of model and state files read (default 1); 0 loads a file
+                   whose checksum does not match (files without one, as llm.c writes, load either way)
+Faults
+  --skip-nonfinite 0|1  a step whose loss or gradient norm is NaN or inf: 0 stops the run with one line
+                   naming the step (exit status 1), 1 skips that update and goes on (default 0)
+  --inject-nan STEP[:LAYER]  testing: write a NaN into layer LAYER's attention output (default 0) in
+                   the first forward of step STEP
+  SIGINT, SIGTERM  finish the step, write a checkpoint (with -o), print one line, exit status 75;
+                   a second signal exits at once (status 128 + signal)
   --eval-only 0|1  1: no training: the validation loss of the model (-e) under the attention flags
                    (and --attn-eval), one summary line; no train data, sample or files (default 0)
   -h, --help       this help
@@ -210,6 +229,35 @@ static void agree_on_setup(const std::string* error) {
     exit(1);
 }
 
+// ----------------------------------------------------------------------------
+// Stopping on a signal (SIGINT, SIGTERM: Ctrl-C, a scheduler's preemption).
+// The first sets a flag; at the end of each step the ranks agree on it (a
+// max over the ranks, so a signal that reaches one rank stops them all at the
+// same step), write the step's checkpoint and exit with STOPPED_BY_SIGNAL. A
+// second signal exits at once.
+
+constexpr int STOPPED_BY_SIGNAL = 75;  // EX_TEMPFAIL: not finished, resume with -y 1
+static volatile sig_atomic_t g_stop_signal = 0;
+
+static void on_stop_signal(int sig) {
+    if (g_stop_signal) {
+        static const char msg[] = "train_gpt: second signal: exiting now, without a checkpoint\n";
+        if (write(STDERR_FILENO, msg, sizeof(msg) - 1)) {}
+        _exit(128 + sig);
+    }
+    g_stop_signal = sig;
+}
+
+static void catch_stop_signals() {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // a write or read under way goes on
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
 // A flag's number, or one line and exit 1 (flag_values.h).
 static long parse_long(const std::string& flag, const char* s) {
     try {
@@ -239,6 +287,14 @@ static Options parse_args(int argc, char** argv) {
         {"-q", real(&o.final_lr_frac)}, {"-c", real(&o.weight_decay)}, {"-k", text(&o.schedule)},
         {"-x", integer_l(&o.max_steps)}, {"-v", integer(&o.val_every)}, {"-m", integer(&o.val_max_steps)},
         {"-s", integer(&o.sample_every)}, {"-g", integer(&o.gen_tokens)}, {"-n", integer(&o.checkpoint_every)},
+        {"-nk", integer(&o.keep_last)}, {"-nm", integer(&o.major_every)},
+        {"--verify-checksum", integer(&o.verify_checksum)}, {"--skip-nonfinite", integer(&o.skip_nonfinite)},
+        {"--inject-nan", [&o](const std::string& f, const char* v) {
+             const std::string value = v;
+             const size_t colon = value.find(':');
+             o.inject_nan_step = (int)parse_long(f, value.substr(0, colon).c_str());
+             if (colon != std::string::npos) o.inject_nan_layer = (int)parse_long(f, value.substr(colon + 1).c_str());
+         }},
         {"-y", integer(&o.resume)}, {"-a", integer(&o.overfit_single_batch)},
         {"--eval-only", integer(&o.eval_only)},
         {"--seed", [&o](const std::string& f, const char* v) { o.seed = (uint64_t)parse_long(f, v); }},
@@ -292,6 +348,10 @@ static Options parse_args(int argc, char** argv) {
     if (o.max_steps == 0 || o.max_steps < -1) die("-x: number of steps must be >= 1 (or -1 for one epoch)");
     if (o.resume && o.output_dir.empty()) die("-y 1 needs -o DIR to resume from");
     if (o.zero_stage != 0 && o.zero_stage != 1) die("-z takes 0 or 1 (ZeRO stage)");
+    if (o.keep_last < 0 || o.major_every < 0) die("-nk and -nm must be >= 0");
+    if (o.verify_checksum != 0 && o.verify_checksum != 1) die("--verify-checksum takes 0 or 1");
+    if (o.skip_nonfinite != 0 && o.skip_nonfinite != 1) die("--skip-nonfinite takes 0 or 1");
+    if (o.inject_nan_step < 0 || o.inject_nan_layer < 0) die("--inject-nan: STEP and LAYER must be >= 0");
     return o;
 }
 
@@ -302,6 +362,8 @@ struct ModelSource {
     GPTConfig config;
     std::vector<float> params;
     std::string description;
+    bool has_checksum = false;  // a file that records its parameter checksum
+    uint64_t checksum = 0;
 };
 
 static GPTConfig config_from_descriptor(const std::string& d, const Options& o) {
@@ -326,7 +388,7 @@ static ModelSource model_source(const Options& o, const std::string& resume_mode
     bool is_descriptor = resume_model.empty() && o.init.size() >= 2 && o.init[0] == 'd' &&
                          o.init.find_first_not_of("0123456789", 1) == std::string::npos;
     if (!path.empty() && !is_descriptor) {
-        ModelFile mf = read_model_file(path);
+        ModelFile mf = read_model_file(path, o.verify_checksum != 0);
         // shape flags may restate the checkpoint's shape (as a resumed command does), never change it
         const std::pair<const char*, std::pair<int, int>> shape_flags[] = {
             {"--layers", {o.layers, mf.config.num_layers}},       {"--heads", {o.heads, mf.config.num_heads}},
@@ -339,6 +401,8 @@ static ModelSource model_source(const Options& o, const std::string& resume_mode
         src.config = mf.config;
         src.params = std::move(mf.params);
         src.description = path + " (llm.c version " + std::to_string(mf.version) + ")";
+        src.has_checksum = mf.has_checksum;
+        src.checksum = mf.checksum;
         return src;
     }
     if (is_descriptor) {
@@ -432,6 +496,9 @@ static int run(const Options& o) {
     }
     ModelSource src = model_source(o, resume_step >= 0 ? checkpoint_path(o.output_dir, "model", resume_step) : "");
     const GPTConfig& cfg = src.config;
+    if (o.inject_nan_step > 0 && o.inject_nan_layer >= cfg.num_layers)
+        die("--inject-nan: layer " + std::to_string(o.inject_nan_layer) + " does not exist (the model has " +
+            std::to_string(cfg.num_layers) + ")");
     if (o.T > cfg.max_seq_len)
         die("-t " + std::to_string(o.T) + " exceeds the model's max context " + std::to_string(cfg.max_seq_len) + " (" +
             src.description + ")");
@@ -474,8 +541,13 @@ static int run(const Options& o) {
     Rng sample_rng(o.seed);
     int start_step = 0;
     if (resume_step >= 0) {
-        TrainState st = read_state_file(checkpoint_path(o.output_dir, "state", resume_step), model.num_parameters);
+        const std::string state_path = checkpoint_path(o.output_dir, "state", resume_step);
+        TrainState st = read_state_file(state_path, model.num_parameters, o.verify_checksum != 0);
         if (st.step != resume_step) die("state file step " + std::to_string(st.step) + " does not match its name");
+        if (o.verify_checksum && st.has_checksum && src.has_checksum && st.model_checksum != src.checksum)
+            die(state_path + ": belongs to another model file (it records parameter checksum " +
+                hex64(st.model_checksum) + ", " + checkpoint_path(o.output_dir, "model", resume_step) + " has " +
+                hex64(src.checksum) + "; --verify-checksum 0 resumes anyway)");
         if (st.global_rows != 0 && st.global_rows != world * o.B)
             die("-y 1: the checkpoint trained with " + std::to_string(st.global_rows) + " rows per micro-batch over its " +
                 std::to_string(st.world) + " process(es), this run has B*processes = " + std::to_string(o.B) + "*" +
@@ -531,6 +603,9 @@ static int run(const Options& o) {
         std::string log_path = o.output_dir + "/main.log";
         log = fopen(log_path.c_str(), o.resume ? "a" : "w");
         if (!log) die(log_path + ": cannot open for writing");
+        // the temporary files of a write that was killed before its rename
+        for (const std::string& name : remove_unfinished_writes(o.output_dir))
+            printf("removed %s/%s (an unfinished checkpoint write)\n", o.output_dir.c_str(), name.c_str());
     }
     // every rank calls it (a sharded optimizer state is gathered); rank 0 writes
     auto save_checkpoint = [&](int step) {
@@ -549,9 +624,10 @@ static int run(const Options& o) {
         gpt_get_optimizer_state(model, st);
         if (rank != 0) return;
         // model first, state second: a state file only ever exists beside its model
-        write_model_file(checkpoint_path(o.output_dir, "model", step), cfg, gpt_host_parameters(model));
-        write_state_file(checkpoint_path(o.output_dir, "state", step), st);
+        write_checkpoint(checkpoint_path(o.output_dir, "model", step), checkpoint_path(o.output_dir, "state", step), cfg,
+                         gpt_host_parameters(model), st);
         printf("checkpoint: %s\n", checkpoint_path(o.output_dir, "model", step).c_str());
+        remove_old_checkpoints(o.output_dir, step, o.keep_last, o.major_every);
     };
 
     std::vector<int> inputs((size_t)o.B * o.T), targets((size_t)o.B * o.T);
@@ -571,9 +647,16 @@ static int run(const Options& o) {
     auto run_start = clock::now();
     if (o.overfit_single_batch && !o.eval_only) train_loader->next_batch(inputs.data(), targets.data());
 
+    int skipped_updates = 0;
     for (int step = start_step; step <= train_steps; step++) {
         bool last_step = step == train_steps;
-        if ((o.val_every > 0 && step % o.val_every == 0) || last_step) {
+        // a stop signal during the last step, on any rank: this step's checkpoint, then stop. The
+        // validation is left to the resumed run (it changes nothing); the sample is drawn, as its
+        // RNG state goes into the checkpoint
+        const int stop_signal = step > start_step && !last_step && !o.eval_only
+                                    ? (int)comm.all_reduce_host((double)g_stop_signal, ReduceOp::Max)
+                                    : 0;
+        if (!stop_signal && ((o.val_every > 0 && step % o.val_every == 0) || last_step)) {
             last_val_loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets, comm);
             printf("val loss %.6f | perplexity %.4f | step %d\n", last_val_loss, std::exp(last_val_loss), step);
             if (log) fprintf(log, "s:%d tel:%f\n", step, last_val_loss);
@@ -592,8 +675,20 @@ static int run(const Options& o) {
             printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
         }
         fflush(stdout);
-        if (step > start_step && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || last_step))
+        if (step > start_step && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || last_step || stop_signal))
             save_checkpoint(step);
+        if (stop_signal) {
+            const std::string by = g_stop_signal == stop_signal ? (stop_signal == SIGINT ? "SIGINT" : "SIGTERM")
+                                                                : "a signal to another rank";
+            if (o.output_dir.empty())
+                printf("stopped by %s after step %d of %ld (no -o: nothing saved)\n", by.c_str(), step, train_steps);
+            else
+                printf("stopped by %s after step %d of %ld: checkpoint %s, resume with -y 1\n", by.c_str(), step,
+                       train_steps, checkpoint_path(o.output_dir, "model", step).c_str());
+            fflush(stdout);
+            if (log) fclose(log);
+            return STOPPED_BY_SIGNAL;
+        }
         if (last_step) break;
 
         // ---- one optimizer step: accum_steps micro-batches, then AdamW
@@ -601,28 +696,50 @@ static int run(const Options& o) {
         gpt_zero_grad(model);
         if (o.attn.warmup > 0) gpt_set_attention(model, attn_for_step(attn, o.attn.warmup, step));
         double loss_sum = 0.0;
+        std::string fault_at;  // where the first non-finite loss of this step came from (this rank's view)
         for (int micro = 0; micro < accum_steps; micro++) {
             if (!o.overfit_single_batch) train_loader->next_batch(inputs.data(), targets.data());
             // the forward also writes the classifier's dlogits (fused), for the dloss the backward gets
             // the weight of a token in the mean over every rank's every micro-batch
             const float dloss = 1.0f / (float)(tokens_per_micro * accum_steps * world);
+            model.poison_layer = step + 1 == o.inject_nan_step && micro == 0 ? o.inject_nan_layer : -1;
             gpt_forward(model, inputs.data(), targets.data(), o.B, o.T, training_draw_step(step), dloss,
                         (int)draw_batch0(micro, world, rank, o.B));
+            model.poison_layer = -1;
+            if (!std::isfinite(model.mean_loss) && fault_at.empty())
+                fault_at = "first non-finite activation: " + gpt_first_nonfinite_activation(model) + " (micro-batch " +
+                           std::to_string(micro) + (world > 1 ? ", rank " + std::to_string(rank) : "") + ")";
             gpt_backward(model, dloss, micro == accum_steps - 1);
             loss_sum += model.mean_loss;
         }
+        last_train_loss = comm.all_reduce_host(loss_sum / accum_steps, ReduceOp::Mean);
         float lr = learning_rate_at(schedule, o.lr, step, o.warmup, (int)train_steps, o.final_lr_frac);
-        float norm = gpt_update(model, lr, opt, step + 1);
+        // a non-finite loss or gradient norm (the same on every rank) never reaches the parameters
+        const float norm = gpt_reduce_gradients(model);
+        const bool finite = std::isfinite(last_train_loss) && std::isfinite(norm);
+        if (finite) gpt_apply_update(model, lr, opt, step + 1, norm);
+        else if (fault_at.empty()) {
+            const std::string where = gpt_first_nonfinite_gradient(model);
+            if (!where.empty()) fault_at = "first non-finite gradient: " + where;
+        }
         ops::device_synchronize();  // the step's queued kernels belong to its time
         double ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
-        last_train_loss = comm.all_reduce_host(loss_sum / accum_steps, ReduceOp::Mean);
         if (step > start_step) { total_ms += ms; timed_steps++; }  // the first step warms caches
         double mean_ms = timed_steps ? total_ms / timed_steps : ms;
         printf("step %5d/%ld | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | eta %s\n", step + 1,
                train_steps, last_train_loss, lr, norm, ms, total_batch / (ms / 1000.0), mfu_text(ms).c_str(),
                format_duration(mean_ms * (train_steps - step - 1) / 1000.0).c_str());
         if (log) fprintf(log, "s:%d trl:%f\n", step + 1, last_train_loss), fflush(log);
-        if (!std::isfinite(last_train_loss)) die_everywhere("loss is not finite at step " + std::to_string(step + 1));
+        if (!finite) {
+            char what[160];
+            snprintf(what, sizeof(what), "step %d: loss %g, gradient norm %g: not finite", step + 1, last_train_loss,
+                     (double)norm);
+            std::string msg = what + (fault_at.empty() ? std::string() : "; " + fault_at);
+            if (!o.skip_nonfinite) die_everywhere(msg + "; stopped (--skip-nonfinite 1 skips such updates)");
+            printf("%s; update skipped\n", msg.c_str());
+            if (log) fprintf(log, "s:%d skipped\n", step + 1), fflush(log);
+            skipped_updates++;
+        }
     }
     double wall = std::chrono::duration<double>(clock::now() - run_start).count();
     const double mean_ms = timed_steps ? total_ms / timed_steps : 0.0;
@@ -632,9 +749,10 @@ static int run(const Options& o) {
         return 0;
     }
     printf("done: %ld steps in %.1f s | mean %.1f ms/step | %.0f tok/s%s | final train loss %.6f | val loss %.6f | "
-           "perplexity %.4f\n",
+           "perplexity %.4f%s\n",
            train_steps - start_step, wall, mean_ms, mean_ms > 0 ? total_batch / (mean_ms / 1000.0) : 0.0,
-           mfu_text(mean_ms).c_str(), last_train_loss, last_val_loss, std::exp(last_val_loss));
+           mfu_text(mean_ms).c_str(), last_train_loss, last_val_loss, std::exp(last_val_loss),
+           skipped_updates ? (" | " + std::to_string(skipped_updates) + " update(s) skipped (not finite)").c_str() : "");
     if (log) fclose(log);
     return 0;
 }
@@ -648,6 +766,7 @@ int main(int argc, char** argv) {
         print_error(e.what(), launcher_rank());
         return 1;
     }
+    catch_stop_signals();  // after MPI's set-up, so that these handlers are the ones in force
     int status = 1;
     try {
         status = run(o);
