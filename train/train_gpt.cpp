@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,7 +19,6 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
-#include <csignal>
 #include <string>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -156,6 +156,9 @@ Evaluation, sampling, output
   -y 0|1           resume from the latest checkpoint in -o (default 0)
   --verify-checksum 0|1  check the checksums of model and state files read (default 1); 0 loads a file
                    whose checksum does not match (files without one, as llm.c writes, load either way)
+  --eval-only 0|1  1: no training: the validation loss of the model (-e) under the attention flags
+                   (and --attn-eval), one summary line; no train data, sample or files (default 0)
+  -h, --help       this help
 Faults
   --skip-nonfinite 0|1  a step whose loss or gradient norm is NaN or inf: 0 stops the run with one line
                    naming the step (exit status 1), 1 skips that update and goes on (default 0)
@@ -163,9 +166,6 @@ Faults
                    the first forward of step STEP
   SIGINT, SIGTERM  finish the step, write a checkpoint (with -o), print one line, exit status 75;
                    a second signal exits at once (status 128 + signal)
-  --eval-only 0|1  1: no training: the validation loss of the model (-e) under the attention flags
-                   (and --attn-eval), one summary line; no train data, sample or files (default 0)
-  -h, --help       this help
 Several processes (data parallel; start them with mpirun or srun, README "Several processes")
   -z 0|1           ZeRO stage: 0 all-reduces the gradients, 1 also shards the AdamW state (default 0)
   -pi METHOD       how the processes meet: mpi (default under mpirun/srun with PMIx); for the
