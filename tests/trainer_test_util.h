@@ -63,14 +63,6 @@ inline std::string mpirun_prefix(int processes, int timeout_s = 300) {
     return "mpirun -q --timeout " + std::to_string(timeout_s) + " -x OMP_NUM_THREADS -np " + std::to_string(processes) + " ";
 }
 
-// The path of a program the tests run (train_gpt_cpu, prepare_data):
-// $KNNGPT_BIN_DIR/<name>, by default ./<name> (the repository root, where
-// `make` puts them; `make test-portable` points it at build/portable).
-inline std::string program_path(const std::string& name) {
-    const char* dir = std::getenv("KNNGPT_BIN_DIR");
-    return std::string(dir && *dir ? dir : ".") + "/" + name;
-}
-
 inline bool exists(const std::string& p) {
     struct stat st;
     return stat(p.c_str(), &st) == 0;
