@@ -46,7 +46,27 @@ PRECISION  ?= bf16
 PRECISION_FLAGS := $(if $(filter fp32,$(PRECISION)),-DKNNGPT_FP32,)
 NEED_NVCC   = @command -v $(NVCC) >/dev/null 2>&1 || { echo "make $@: $(NVCC) not found: install the CUDA toolkit (nvcc on PATH, or NVCC=/path/to/nvcc); the CPU trainer is make train_gpt_cpu"; exit 1; }
 
+# make test SANITIZE=1: everything the suite runs (tests, trainers,
+# prepare_data) built with AddressSanitizer and UBSan into build/sanitize, its
+# own directory, so the normal build stays as it is. tools/sanitize.supp lists
+# what the leak checker is told to ignore, and why.
+SANITIZE  ?= 0
+# (GCC's maybe-uninitialized warning misfires under -fsanitize, in libstdc++'s <regex>)
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined \
+                  -Wno-maybe-uninitialized
+ifeq ($(SANITIZE),1)
+CXXFLAGS  += $(SANITIZE_FLAGS)
+BUILD     := build/sanitize
+# the programs the tests run live beside the tests, not in the repository root
+PROGRAMS  := $(BUILD)/
+SANITIZE_ENV := KNNGPT_BIN_DIR=$(BUILD) ASAN_OPTIONS=detect_leaks=1 \
+                LSAN_OPTIONS=suppressions=$(CURDIR)/tools/sanitize.supp:print_suppressions=0 \
+                UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+else
 BUILD     := build
+PROGRAMS  :=
+SANITIZE_ENV :=
+endif
 TEST_SRCS := $(wildcard tests/test_*.cpp)
 TEST_BINS := $(patsubst tests/%.cpp,$(BUILD)/tests/%,$(TEST_SRCS))
 # the kernel tests of kernels/cuda, built again with nvcc to run on a GPU
@@ -72,7 +92,7 @@ DEPDIR    := $(BUILD)/deps
 DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
 MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
-.PHONY: all help test test-portable test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel compare-long clean reference
+.PHONY: all help test test-portable fuzz fuzz-bins test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel compare-long clean reference
 
 all: train_gpt_cpu prepare_data $(BUILD)/attn_meter
 
@@ -94,6 +114,9 @@ help:
 	@echo "                      dense-then-sparse; 2 seeds, ~1 h per run on 2 cores (LONG_STEPS, LONG_SEEDS, LONG_OUT)"
 	@echo "  make build/attn_meter  per layer and head: each mode's error against exact attention vs k, top-k mass,"
 	@echo "                      kmv's heavy keys, assumption A's c vs T (trained and random init)"
+	@echo "  make test SANITIZE=1  the whole suite built with ASan + UBSan into build/sanitize"
+	@echo "  make fuzz           the libFuzzer targets of tests/fuzz (clang), each for FUZZ_SECONDS (30)"
+	@echo "                      or FUZZ_RUNS inputs; FUZZ_TARGETS=\"fuzz_model_file ...\" picks some"
 	@echo "  make reference      regenerate the PyTorch reference tensors (needs python3-torch)"
 	@echo "  make bench          both benchmarks below"
 	@echo "  make bench-train    training-step benchmark: ms/step, tok/s, ratio to plain-loop matmuls"
@@ -125,7 +148,8 @@ TRAINER_FLAGS_train_gpt           := -DKNNGPT_CUDA $(PRECISION_FLAGS)
 TRAINER_FLAGS_train_gpt_fp32      := -DKNNGPT_CUDA -DKNNGPT_FP32
 TRAINER_FLAGS_train_gpt_bf16      := -DKNNGPT_CUDA
 CXX_TRAINERS  := train_gpt_cpu $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
-                 $(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16
+                 $(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16 \
+                 $(if $(PROGRAMS),$(PROGRAMS)train_gpt_cpu)
 NVCC_TRAINERS := train_gpt $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_gpt_bf16
 
 $(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
@@ -137,7 +161,7 @@ $(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
 	$(NVCC) -x cu $(NVCCFLAGS) $(MPI_DEFS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS) -lnccl $(MPI_LIBS)
 
-prepare_data $(PORTABLE)/prepare_data: %: data/prepare_data.cpp $(DEPDIR)/%.d
+prepare_data $(PORTABLE)/prepare_data $(if $(PROGRAMS),$(PROGRAMS)prepare_data): %: data/prepare_data.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
 
@@ -171,10 +195,10 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 # Where nvcc exists, make test also builds train_gpt (compile and link). The
 # native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
-test: $(TEST_BINS) train_gpt_cpu prepare_data reference $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
-      $(BUILD)/compare_attention $(BUILD)/attn_meter
+test: $(TEST_BINS) $(PROGRAMS)train_gpt_cpu $(PROGRAMS)prepare_data reference $(BUILD)/train_gpt_emu \
+      $(BUILD)/train_gpt_emu_bf16 $(BUILD)/compare_attention $(BUILD)/attn_meter
 	@bash tools/check_section_refs.sh
-	@KNNGPT_BUILD=$(BUILD) sh tools/run_tests.sh $(TEST_BINS)
+	@KNNGPT_BUILD=$(BUILD) $(SANITIZE_ENV) sh tools/run_tests.sh $(TEST_BINS)
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory train_gpt && echo "train_gpt: compiled and linked with nvcc"; \
 	else echo "train_gpt: not built (no nvcc here)"; fi
@@ -226,6 +250,29 @@ $(BUILD)/attn_meter: tools/attn_meter.cpp $(DEPDIR)/$(BUILD)/attn_meter.d
 $(BUILD)/kmv_stats: tools/kmv_stats.cpp $(DEPDIR)/$(BUILD)/kmv_stats.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+# libFuzzer targets (tests/fuzz/fuzz_*.cpp), one per reader of outside bytes,
+# built with Debian's clang (tools/install_deps.sh --fuzz) under ASan + UBSan
+# into build/fuzz. make fuzz builds and runs each for FUZZ_SECONDS, or for
+# FUZZ_RUNS inputs when that is set, from its seed corpus tests/fuzz/corpus/NAME
+# (tools/run_fuzz.sh; FUZZ_TARGETS picks some).
+FUZZ_CXX     ?= clang++
+FUZZ_FLAGS   ?= -g -O2 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer \
+                -Wno-pass-failed
+FUZZ_SECONDS ?= 30
+FUZZ_RUNS    ?=
+FUZZ_DIR     := build/fuzz
+FUZZ_BINS    := $(patsubst tests/fuzz/%.cpp,$(FUZZ_DIR)/%,$(wildcard tests/fuzz/fuzz_*.cpp))
+FUZZ_TARGETS ?= $(notdir $(FUZZ_BINS))
+
+fuzz-bins: $(FUZZ_BINS)
+fuzz: $(FUZZ_BINS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_DIR=$(FUZZ_DIR) sh tools/run_fuzz.sh $(FUZZ_TARGETS)
+
+$(FUZZ_BINS): $(FUZZ_DIR)/%: tests/fuzz/%.cpp $(DEPDIR)/$(FUZZ_DIR)/%.d
+	@command -v $(FUZZ_CXX) >/dev/null 2>&1 || { echo "make $@: $(FUZZ_CXX) not found: bash tools/install_deps.sh --fuzz"; exit 1; }
+	$(MKDIRS)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -std=c++17 -fopenmp -Wall -Wextra -I. $(DEPFLAGS) -o $@ $< $(BLAS_LIBS) -lm
 
 bench: bench-train bench-attention bench-parallel
 

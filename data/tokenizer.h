@@ -80,6 +80,10 @@ class Tokenizer {
             tok.eot_ = (int)vocab > GPT2_EOT_TOKEN ? GPT2_EOT_TOKEN : -1;
         }
 
+        // every token takes at least its length byte: a vocab the file cannot hold is refused before it is reserved
+        if (bytes.size() - header_bytes < vocab)
+            throw std::runtime_error(path + ": truncated: header says " + std::to_string(vocab) + " tokens, the file holds " +
+                                     std::to_string(bytes.size() - header_bytes) + " bytes after the header");
         tok.pieces_.reserve(vocab);
         size_t pos = header_bytes;
         for (uint32_t t = 0; t < vocab; t++) {

@@ -315,10 +315,15 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     if (n != num_parameters)
         throw std::runtime_error(path + ": holds optimizer state for " + std::to_string(n) + " parameters, the model has " +
                                  std::to_string(num_parameters));
+    // the file's size bounds n before 2·n·4 is formed, so a huge n cannot wrap to a small size
+    const long actual = file_size_of(f);
+    if (actual < (long)sizeof(header) || n > (uint64_t)(actual - (long)sizeof(header)) / (2 * sizeof(float)))
+        throw std::runtime_error(path + ": truncated: " + std::to_string(n) + " parameters' moments need more than the " +
+                                 std::to_string(actual) + " bytes the file holds");
     long expected = (long)(sizeof(header) + 2 * n * sizeof(float));
-    if (file_size_of(f) != expected)
+    if (actual != expected)
         throw std::runtime_error(path + ": truncated or oversized: expected " + std::to_string(expected) + " bytes, found " +
-                                 std::to_string(file_size_of(f)));
+                                 std::to_string(actual));
     TrainState s;
     s.m.resize(n);
     s.v.resize(n);

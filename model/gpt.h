@@ -49,6 +49,15 @@ inline void validate_config(const GPTConfig& c, const std::string& source) {
     if (c.num_heads < 1) fail("number of heads must be >= 1, got " + std::to_string(c.num_heads));
     if (c.channels < 1 || c.channels % c.num_heads != 0)
         fail("channels (" + std::to_string(c.channels) + ") must be a positive multiple of heads (" + std::to_string(c.num_heads) + ")");
+    // The largest of the 16 parameter tensors is L·4C·C, Vp·C or maxT·C; at most
+    // 2^56 elements each keeps every parameter count and its byte size (16 tensors,
+    // 4 bytes) below 2^62, so no size computed from the shape wraps around.
+    const double C = c.channels, largest_tensor = std::max({4.0 * c.num_layers * C * C, (double)c.padded_vocab_size * C,
+                                                            (double)c.max_seq_len * C});
+    if (largest_tensor > 0x1p56)
+        fail("the shape (L " + std::to_string(c.num_layers) + ", C " + std::to_string(c.channels) + ", Vp " +
+             std::to_string(c.padded_vocab_size) + ", maxT " + std::to_string(c.max_seq_len) +
+             ") has a tensor of more than 2^56 parameters");
 }
 
 // Vp: the vocabulary rounded up to a multiple of 128 (50257 -> 50304, 256 -> 256).

@@ -577,13 +577,23 @@ TEST(Tokenizer, LlmcFileErrorsNameTheFileAndTheProblem) {
 
     write_bytes(path, tokenizer_bytes(20240328, 2, SMALL_VOCAB, 5));
     expect_error_mentions(error_of([&] { Tokenizer::from_llmc_file(path); }), {path, "end-of-text"});
+
+    // a header claiming more tokens than the file has bytes is refused before
+    // room for them is reserved (found by tests/fuzz/fuzz_tokenizer)
+    std::string claims_more = whole;
+    const uint32_t vocab = 65536;
+    std::memcpy(&claims_more[8], &vocab, sizeof(vocab));
+    write_bytes(path, claims_more);
+    expect_error_mentions(error_of([&] { Tokenizer::from_llmc_file(path); }), {path, "truncated", "65536 tokens", "bytes after the header"});
 }
 
 // ---------------------------------------------------------------- prepare_data
 
 namespace {
 
-const char* PREPARE_DATA = "./prepare_data";  // built by `make prepare_data`; tests run from the repo root
+// built by `make prepare_data` into the repository root, where the tests run ($KNNGPT_BIN_DIR: elsewhere)
+const std::string PREPARE_DATA_PATH = knngpt_test::program_path("prepare_data");
+const char* const PREPARE_DATA = PREPARE_DATA_PATH.c_str();
 
 // Runs prepare_data with `args`, stdout and stderr into `log`; returns its exit status.
 int run_prepare_data(const std::string& args, const std::string& log) {

@@ -805,7 +805,14 @@ bool started_by_mpirun() {
     return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }
 
-// Runs this binary again as `mpirun -np 2 --timeout 120 <binary> <args>` and
+// mpirun's hang guard, in seconds; sanitized code (make test SANITIZE=1) runs several times slower
+#if defined(__SANITIZE_ADDRESS__)
+constexpr const char* kMpirunTimeoutS = "900";
+#else
+constexpr const char* kMpirunTimeoutS = "120";
+#endif
+
+// Runs this binary again as `mpirun -np 2 --timeout kMpirunTimeoutS <binary> <args>` and
 // returns mpirun's exit status. The marker in the environment stops a second
 // relaunch (should mpirun not say it started us). As the test runner does,
 // it lets OpenMPI run as root and two ranks share a one-core machine, in
@@ -819,7 +826,7 @@ int relaunch_under_mpirun(int argc, char** argv) {
         return 1;
     }
     exe[length] = '\0';
-    std::vector<std::string> args = {"mpirun", "-np", "2", "--timeout", "120", exe};
+    std::vector<std::string> args = {"mpirun", "-np", "2", "--timeout", kMpirunTimeoutS, exe};
     for (int i = 1; i < argc; i++) args.push_back(argv[i]);
     std::vector<char*> cargs;
     for (std::string& a : args) cargs.push_back(a.data());

@@ -299,6 +299,39 @@ TEST(Checkpoint, BadModelFilesGiveOneLineNamingTheProblem) {
         EXPECT_EQ(model_file_error(dir.file(name)).find('\n'), std::string::npos) << name;
 }
 
+// Found by tests/fuzz: sizes computed from a shape or a header in 64 bits
+// must not wrap around to a small number that a small file then matches.
+TEST(Checkpoint, ShapesWhoseParameterCountWouldWrapAreRefused) {
+    GPTConfig c;
+    c.max_seq_len = 1, c.vocab_size = 1, c.padded_vocab_size = 1, c.num_layers = 4, c.num_heads = 1, c.channels = 1 << 30;
+    // the 16·L·C² of the weight matrices is 2^64: the count wraps to its linear terms
+    EXPECT_LT(count_parameters(c), (size_t)1 << 40);
+    EXPECT_THROW(validate_config(c, "shape"), std::runtime_error);
+    knngpt_test::TempDir dir;
+    int header[HEADER_INTS] = {MODEL_MAGIC, 3, c.max_seq_len, c.vocab_size, c.num_layers, c.num_heads, c.channels,
+                               c.padded_vocab_size};
+    std::vector<char> bytes((const char*)header, (const char*)header + sizeof(header));
+    write_bytes(dir.file("wrap.bin"), bytes);
+    EXPECT_NE(model_file_error(dir.file("wrap.bin")).find("2^56"), std::string::npos);
+}
+
+TEST(Checkpoint, StateFileWhoseMomentSizeWouldWrapIsRefused) {
+    knngpt_test::TempDir dir;
+    TrainState s;
+    s.m = {1.f, 2.f, 3.f}, s.v = {4.f, 5.f, 6.f};
+    write_state_file(dir.file("s.bin"), s);
+    std::vector<char> bytes = read_bytes(dir.file("s.bin"));
+    const uint64_t claimed = ((uint64_t)1 << 62) + 3;  // 2 · 4 bytes · claimed wraps to the 24 bytes the file holds
+    std::memcpy(&bytes[40 * 4], &claimed, sizeof(claimed));
+    write_bytes(dir.file("s.bin"), bytes);
+    try {
+        read_state_file(dir.file("s.bin"), claimed);
+        FAIL() << "a state file claiming 2^62 + 3 parameters in 24 bytes was read";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Model, ForwardRejectsTooLongSequencesAndBadTokens) {
     GPTConfig c = tiny_config();
     GPT model;

@@ -110,6 +110,15 @@ inline std::string test_text_path() {
     return p ? std::string(p) : std::string();
 }
 
+// The path of a program the tests run (train_gpt_cpu, prepare_data):
+// $KNNGPT_BIN_DIR/<name>, by default ./<name> (the repository root, where
+// `make` puts them; `make test-portable` and `make test SANITIZE=1` point it
+// at their build directories).
+inline std::string program_path(const std::string& name) {
+    const char* dir = std::getenv("KNNGPT_BIN_DIR");
+    return std::string(dir && *dir ? dir : ".") + "/" + name;
+}
+
 // Directory holding build outputs (reference tensors, programs): $KNNGPT_BUILD or "build".
 inline std::string build_dir() {
     const char* p = std::getenv("KNNGPT_BUILD");

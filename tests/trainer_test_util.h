@@ -60,16 +60,12 @@ inline bool have_mpirun() { return std::system("command -v mpirun > /dev/null 2>
 // error), a time limit so that a hang fails instead of stalling the suite, the
 // thread count forwarded. The allow-run-as-root settings come from the test
 // runner (tools/run_tests.sh).
+// (a sanitized build, make test SANITIZE=1, runs several times slower: its time limit is 8 times longer)
 inline std::string mpirun_prefix(int processes, int timeout_s = 300) {
+#if defined(__SANITIZE_ADDRESS__)
+    timeout_s *= 8;
+#endif
     return "mpirun -q --timeout " + std::to_string(timeout_s) + " -x OMP_NUM_THREADS -np " + std::to_string(processes) + " ";
-}
-
-// The path of a program the tests run (train_gpt_cpu, prepare_data):
-// $KNNGPT_BIN_DIR/<name>, by default ./<name> (the repository root, where
-// `make` puts them; `make test-portable` points it at build/portable).
-inline std::string program_path(const std::string& name) {
-    const char* dir = std::getenv("KNNGPT_BIN_DIR");
-    return std::string(dir && *dir ? dir : ".") + "/" + name;
 }
 
 inline bool exists(const std::string& p) {

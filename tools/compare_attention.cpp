@@ -172,13 +172,20 @@ struct Options {
     std::vector<std::string> base;  // the trainer flags after --
 };
 
-// The directory above the one this program lies in: the repository root for build/compare_attention.
+// The repository this program was built in: the nearest directory above it
+// that holds tools/plot_compare.py (the root, for build/compare_attention and
+// build/sanitize/compare_attention).
 std::string repository_root() {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
     if (n <= 0) return ".";
     std::string path(exe, (size_t)n);
     path = path.substr(0, path.rfind('/'));  // build/
+    std::string dir = path;
+    while (dir.rfind('/') != std::string::npos && dir.rfind('/') > 0) {
+        dir = dir.substr(0, dir.rfind('/'));
+        if (access((dir + "/tools/plot_compare.py").c_str(), F_OK) == 0) return dir;
+    }
     return path.substr(0, path.rfind('/'));
 }
 

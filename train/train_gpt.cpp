@@ -194,8 +194,9 @@ static bool g_in_setup = false;       // die() throws for agree_on_setup instead
 
 // rank < 0: the line names no rank
 static void print_error(const std::string& msg, int rank) {
-    if (rank >= 0) fprintf(stderr, "train_gpt: error: rank %d: %s\n", rank, msg.c_str());
-    else fprintf(stderr, "train_gpt: error: %s\n", msg.c_str());
+    const std::string line = one_line(msg);
+    if (rank >= 0) fprintf(stderr, "train_gpt: error: rank %d: %s\n", rank, line.c_str());
+    else fprintf(stderr, "train_gpt: error: %s\n", line.c_str());
     fflush(stderr);
 }
 

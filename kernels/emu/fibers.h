@@ -41,6 +41,11 @@
 // launch.
 // swapcontext makes one system call per switch (for the signal mask), which
 // is fine for test-sized launches.
+//
+// AddressSanitizer (make test SANITIZE=1) tracks one stack per OS thread; every
+// switch tells it which stack comes next and where it is (switch_context), or
+// it would take a fiber's frames for overflows of the thread's stack. Its
+// frames are larger, so the default stack is 4 times larger under it.
 #pragma once
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -64,6 +69,12 @@
 #include "kernels/cuda/launch_text.h"
 #include "kernels/emu/runtime.h"
 #include "kernels/emu/types.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <dlfcn.h>
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 enum cudaFuncAttribute {
     cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
@@ -117,7 +128,12 @@ inline size_t& fiber_stack_setting() {
     static size_t bytes = [] {
         const char* kib = std::getenv("KNNGPT_EMU_STACK_KIB");
         long value = kib ? std::atol(kib) : 0;
-        return value > 0 ? (size_t)value * 1024 : (size_t)64 * 1024;
+#if defined(__SANITIZE_ADDRESS__)
+        const size_t default_kib = 256;
+#else
+        const size_t default_kib = 64;
+#endif
+        return (size_t)(value > 0 ? value : default_kib) * 1024;
     }();
     return bytes;
 }
@@ -196,7 +212,10 @@ struct Launch {
     const void* args = nullptr;
     unsigned char* dynamic_shared = nullptr;
     size_t dynamic_shared_bytes = 0;
-    ucontext_t scheduler;  // where a block returns when no fiber can run
+    ucontext_t scheduler{};  // where a block returns when no fiber can run
+    // the stack the scheduler runs on (the launching OS thread's), for the sanitizer
+    const void* scheduler_stack = nullptr;
+    size_t scheduler_stack_bytes = 0;
 
     // the block being run
     uint3 block_idx{0, 0, 0};
@@ -255,20 +274,62 @@ inline std::string where(const Launch& launch, const Fiber& f) {
 
 // ---- switching --------------------------------------------------------------
 
+// swapcontext(from, to), where `to` runs on the stack [to_stack, to_stack +
+// to_stack_bytes). Under AddressSanitizer the switch is announced, and the
+// stack that left is told apart from one that will come back (`from_ends`: its
+// frames are dropped); returns when something switches back to `from`.
+#if defined(__SANITIZE_ADDRESS__)
+// libc's swapcontext itself: the sanitizer's wrapper of it prints a warning
+// that would break the one-line error output the tests check, and clears the
+// whole stack it switches to, live frames included; here the announcements
+// below say which stack runs, and run_block clears a fiber's stack before the
+// fiber starts on it.
+inline int libc_swapcontext(ucontext_t* from, ucontext_t* to) {
+    using Swap = int (*)(ucontext_t*, ucontext_t*);
+    static const Swap swap = [] {
+        void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+        Swap f = libc ? reinterpret_cast<Swap>(dlsym(libc, "swapcontext")) : nullptr;
+        if (!f) {
+            std::fprintf(stderr, "emu: cannot find libc's swapcontext\n");
+            std::abort();
+        }
+        return f;
+    }();
+    return swap(from, to);
+}
+#endif
+
+inline void switch_context(ucontext_t* from, ucontext_t* to, const void* to_stack, size_t to_stack_bytes,
+                           bool from_ends = false) {
+#if defined(__SANITIZE_ADDRESS__)
+    void* fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(from_ends ? nullptr : &fake_stack, to_stack, to_stack_bytes);
+    libc_swapcontext(from, to);
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#else
+    (void)to_stack, (void)to_stack_bytes, (void)from_ends;
+    swapcontext(from, to);
+#endif
+}
+
+// Switches from `self` to fiber `next`, or to the scheduler when next is null.
+inline void switch_to(Launch& launch, Fiber& self, Fiber* next, bool self_ends) {
+    detail::current = next;
+    if (next) switch_context(&self.context, &next->context, next->stack, fiber_pool().stack_bytes(), self_ends);
+    else switch_context(&self.context, &launch.scheduler, launch.scheduler_stack, launch.scheduler_stack_bytes, self_ends);
+}
+
 // Leaves `self` (waiting or exited) for the next runnable fiber, or for the
 // scheduler when there is none. Returns when some fiber resumes `self`.
-inline void switch_away(Fiber& self) {
+inline void switch_away(Fiber& self, bool self_ends = false) {
     Launch& launch = *detail::active;
-    Fiber* next = launch.pop();
-    detail::current = next;
-    swapcontext(&self.context, next ? &next->context : &launch.scheduler);
+    switch_to(launch, self, launch.pop(), self_ends);
 }
 
 // Ends the launch from inside a fiber; launch.error says why.
 [[noreturn]] inline void abandon_launch(Fiber& self) {
     Launch& launch = *detail::active;
-    detail::current = nullptr;
-    swapcontext(&self.context, &launch.scheduler);
+    switch_to(launch, self, nullptr, true);
     std::abort();  // an abandoned fiber is never resumed
 }
 
@@ -412,7 +473,7 @@ inline uint64_t warp_round(WarpOp op, const char* what, const char* file, int li
     self.wait = Wait::exited;
     launch.live--;
     release_block_barrier(launch);  // the exit may complete it
-    switch_away(self);
+    switch_away(self, true);
     std::abort();  // an exited fiber is never resumed
 }
 
@@ -430,6 +491,13 @@ inline void run_kernel_body(Launch& launch) {
 inline void fiber_main() {
     Launch& launch = *detail::active;
     Fiber& self = *detail::current;
+#if defined(__SANITIZE_ADDRESS__)
+    // the first fiber of a launch is entered from the scheduler: note its stack
+    const void* from_stack = nullptr;
+    size_t from_stack_bytes = 0;
+    __sanitizer_finish_switch_fiber(nullptr, &from_stack, &from_stack_bytes);
+    if (!launch.scheduler_stack) launch.scheduler_stack = from_stack, launch.scheduler_stack_bytes = from_stack_bytes;
+#endif
     run_kernel_body(launch);
     if (!launch.thrown.empty()) {
         launch.error = where(launch, self) + launch.thrown;
@@ -504,6 +572,9 @@ inline void run_block(Launch& launch, uint3 block_idx) {
         f.context.uc_stack.ss_sp = f.stack;
         f.context.uc_stack.ss_size = stack_bytes;
         f.context.uc_link = nullptr;
+#if defined(__SANITIZE_ADDRESS__)
+        ASAN_UNPOISON_MEMORY_REGION(f.stack, stack_bytes);  // frames of the block before, never returned from
+#endif
         makecontext(&f.context, fiber_main, 0);
         launch.queue[i] = i;
     }
@@ -513,7 +584,7 @@ inline void run_block(Launch& launch, uint3 block_idx) {
     launch.barrier_mismatch = false;
     Fiber* first = launch.pop();
     detail::current = first;
-    swapcontext(&launch.scheduler, &first->context);
+    switch_context(&launch.scheduler, &first->context, first->stack, stack_bytes);
     // back here once no fiber of the block can run
     if (launch.error.empty() && launch.live > 0) launch.error = describe_deadlock(launch);
 }
