@@ -70,7 +70,7 @@ const char* USAGE =
     "  --name NAME           shard name prefix (default: the first FILE's name without extension)\n"
     "  --val-fraction F      fraction of the text for validation, 0 < F < 1 (default: 0.1)\n"
     "  --tokenizer T         byte (vocab 256, token = byte; default) or gpt2 (GPT-2's BPE, vocab 50257)\n"
-    "GPT-2 only\n"
+    "GPT-2 only (also writes DIR/gpt2_tokenizer.bin, llm.c's tokenizer file, to decode samples)\n"
     "  --vocab VDIR          the directory of GPT-2's encoder.json and vocab.bpe (required;\n"
     "                        tools/fetch_gpt2_vocab.sh VDIR fetches them)\n"
     "  --doc-sep SEP         documents, each written as <|endoftext|> and its tokens: file (each\n"
@@ -80,7 +80,6 @@ const char* USAGE =
     "  --shard-tokens N      at most N tokens a shard; more go to NAME_train_000000.bin, ...\n"
     "                        (default: 100000000)\n"
     "  --threads N           encoding threads (default: all cores); the output is the same\n"
-    "                        Also writes DIR/gpt2_tokenizer.bin (llm.c's tokenizer file) for samples.\n"
     "  -h, --help            this text\n";
 
 struct Options {
