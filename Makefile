@@ -92,7 +92,7 @@ DEPDIR    := $(BUILD)/deps
 DEPFLAGS   = -MMD -MP -MF $(DEPDIR)/$@.d
 MKDIRS     = @mkdir -p $(dir $@) $(dir $(DEPDIR)/$@)
 
-.PHONY: all help test test-portable fuzz fuzz-bins test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel compare-long clean reference
+.PHONY: all help test test-portable fuzz fuzz-bins test-native native-test-bins bench bench-train bench-attention bench-model bench-parallel bench-bpe compare-long clean reference
 
 all: train_gpt_cpu prepare_data $(BUILD)/attn_meter
 
@@ -100,7 +100,7 @@ help:
 	@echo "knngpt targets:"
 	@echo "  make train_gpt_cpu   the CPU trainer (fp32, OpenMP + OpenBLAS)"
 	@echo "  make train_gpt       the CUDA trainer (nvcc, sm_80 + sm_90, bf16 matmuls; PRECISION=fp32 for all fp32)"
-	@echo "  make prepare_data    text file -> llm.c token shards"
+	@echo "  make prepare_data    text file -> llm.c token shards (byte-level, or GPT-2's BPE)"
 	@echo "  make test           build and run every test (GoogleTest); CUDA kernels under the emulator,"
 	@echo "                      and natively too where a GPU and nvcc exist"
 	@echo "  make test-portable  the bit-identity tests (and the programs test_cuda_trainer runs) built again"
@@ -125,6 +125,7 @@ help:
 	@echo "                      n = 1K..16K, k = 32 and sqrt(n), uniform, clustered and trained-model inputs,"
 	@echo "                      and the seed paper's forward and gradient experiments (BENCH_TEXT: the text)"
 	@echo "  make bench-model    the small model bench-attention takes its trained-model inputs from"
+	@echo "  make bench-bpe      GPT-2 BPE encoding vs js-tiktoken (node), one thread and more: ms, MB/s, ratio"
 	@echo "  make clean          remove build outputs"
 	@echo "variables: ARCHFLAGS (default -march=native), PORTABLE_ARCHFLAGS (default empty: plain x86-64,"
 	@echo "           no AVX or FMA), OPT, CXX, BLAS_LIBS, NVCC, CUDA_ARCHS, PRECISION (bf16|fp32)"
@@ -154,16 +155,29 @@ NVCC_TRAINERS := train_gpt $(BUILD)/native/train_gpt_fp32 $(BUILD)/native/train_
 
 $(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+	$(CXX) $(CXXFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(filter %/bpe.o,$^) $(LDLIBS) $(BPE_LIBS)
 
 $(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(NEED_NVCC)
 	$(MKDIRS)
-	$(NVCC) -x cu $(NVCCFLAGS) $(MPI_DEFS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(CUDA_LIBS) -lnccl $(MPI_LIBS)
+	$(NVCC) -x cu $(NVCCFLAGS) $(MPI_DEFS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(filter %/bpe.o,$^) \
+	  $(CUDA_LIBS) -lnccl $(MPI_LIBS) $(BPE_LIBS)
 
 prepare_data $(PORTABLE)/prepare_data $(if $(PROGRAMS),$(PROGRAMS)prepare_data): %: data/prepare_data.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
-	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(filter %/bpe.o,$^) $(LDLIBS) $(BPE_LIBS)
+
+# GPT-2's BPE (data/bpe.cpp), compiled once per build directory and linked into
+# the programs that encode text: PCRE2 (Debian's libpcre2-dev) runs its
+# pattern, nlohmann-json reads encoder.json.
+BPE_LIBS := -lpcre2-8
+$(BUILD)/bpe.o $(PORTABLE)/bpe.o: %/bpe.o: data/bpe.cpp $(DEPDIR)/%/bpe.o.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -c -o $@ $<
+train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
+  $(NVCC_TRAINERS) $(BUILD)/tests/test_bpe $(BUILD)/bench_bpe: $(BUILD)/bpe.o
+$(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16 $(PORTABLE)/prepare_data: $(PORTABLE)/bpe.o
+$(BUILD)/tests/test_bpe: LDLIBS += $(BUILD)/bpe.o $(BPE_LIBS)
 
 CXX_TEST   = $(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS) $(GTEST_LIBS)
 $(TEST_BINS): $(BUILD)/tests/%: tests/%.cpp $(DEPDIR)/$(BUILD)/tests/%.d
@@ -234,6 +248,14 @@ $(BUILD)/bench_attention: tools/bench_attention.cpp $(DEPDIR)/$(BUILD)/bench_att
 $(BUILD)/bench_checkpoint: tools/bench_checkpoint.cpp $(DEPDIR)/$(BUILD)/bench_checkpoint.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(LDLIBS)
+
+# GPT-2 BPE encoding speed against js-tiktoken, side by side (tools/bench_bpe.cpp)
+$(BUILD)/bench_bpe: tools/bench_bpe.cpp $(DEPDIR)/$(BUILD)/bench_bpe.d
+	$(MKDIRS)
+	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -o $@ $< $(BUILD)/bpe.o $(BPE_LIBS)
+
+bench-bpe: $(BUILD)/bench_bpe
+	$(BUILD)/bench_bpe
 
 # attention settings against exact attention, trained and cross-evaluated by the
 # trainer (tools/compare_attention.cpp; needs nlohmann-json3-dev, no BLAS)

@@ -11,7 +11,8 @@
 //     [2] = vocab size, [3] = end-of-text token id (version 2 only; version 1
 //     files are GPT-2's and their end-of-text is 50256),
 //   then for each token one uint8 length followed by that many bytes.
-//   Decoding only: BPE merges are not in the file.
+//   Decoding only: BPE merges are not in the file (data/bpe.h encodes).
+//   write_llmc_tokenizer() writes version 2.
 #pragma once
 #include <cerrno>
 #include <cstdint>
@@ -39,6 +40,19 @@ class Tokenizer {
         tok.eot_ = -1;
         tok.pieces_.resize(256);
         for (int t = 0; t < 256; t++) tok.pieces_[t] = std::string(1, (char)(unsigned char)t);
+        return tok;
+    }
+
+    // The tokens' bytes in id order (e.g. Gpt2Bpe::all_token_bytes()); eot -1 for none.
+    // `source` names the vocabulary in error messages.
+    static Tokenizer from_pieces(std::vector<std::string> pieces, int eot, std::string source) {
+        if (pieces.empty() || pieces.size() > 65536 || eot >= (int)pieces.size())
+            throw std::runtime_error(source + ": a vocab of " + std::to_string(pieces.size()) +
+                                     " tokens, end-of-text " + std::to_string(eot) + ", is not a tokenizer");
+        Tokenizer tok;
+        tok.source_ = std::move(source);
+        tok.pieces_ = std::move(pieces);
+        tok.eot_ = eot;
         return tok;
     }
 
@@ -105,6 +119,7 @@ class Tokenizer {
     }
 
     int vocab_size() const { return (int)pieces_.size(); }
+    const std::vector<std::string>& pieces() const { return pieces_; }
     int eot_token() const { return eot_; }
     bool is_byte_level() const { return byte_level_; }
 
@@ -147,5 +162,42 @@ class Tokenizer {
     int eot_ = -1;
     bool byte_level_ = false;
 };
+
+// Writes `tok` as an llm.c tokenizer file, version 2 (with its end-of-text
+// token; version 2 needs one), to "<path>.tmp" and then renamed into place.
+// Throws on a token longer than 255 bytes or an I/O error.
+inline void write_llmc_tokenizer(const std::string& path, const Tokenizer& tok) {
+    if (tok.eot_token() < 0)
+        throw std::runtime_error(path + ": an llm.c tokenizer file (version 2) needs an end-of-text token");
+    uint32_t header[TOKENIZER_HEADER_INTS] = {};
+    header[0] = TOKENIZER_MAGIC;
+    header[1] = 2;
+    header[2] = (uint32_t)tok.vocab_size();
+    header[3] = (uint32_t)tok.eot_token();
+    std::string bytes((const char*)header, sizeof(header));
+    for (int t = 0; t < tok.vocab_size(); t++) {
+        const std::string& piece = tok.pieces()[t];
+        if (piece.size() > 255)
+            throw std::runtime_error(path + ": token " + std::to_string(t) + " is longer than 255 bytes");
+        bytes.push_back((char)(unsigned char)piece.size());
+        bytes += piece;
+    }
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary);
+        if (!out) throw std::runtime_error(path + ": cannot write: " + std::strerror(errno));
+        out.write(bytes.data(), (std::streamsize)bytes.size());
+        out.close();
+        if (!out) {
+            std::remove(tmp.c_str());
+            throw std::runtime_error(path + ": write failed");
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int e = errno;
+        std::remove(tmp.c_str());
+        throw std::runtime_error(path + ": cannot rename " + tmp + " into place: " + std::strerror(e));
+    }
+}
 
 }  // namespace knngpt

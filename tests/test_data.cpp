@@ -22,7 +22,9 @@
 using knngpt::DataLoader;
 using knngpt::DataLoaderState;
 using knngpt::Tokenizer;
+using knngpt_test::read_bytes;
 using knngpt_test::TempDir;
+using knngpt_test::write_bytes;
 
 namespace {
 
@@ -31,16 +33,6 @@ std::vector<uint16_t> ramp(size_t n, int first = 0, int period = 1000) {
     std::vector<uint16_t> tokens(n);
     for (size_t i = 0; i < n; i++) tokens[i] = (uint16_t)(first + (int)(i % period));
     return tokens;
-}
-
-std::string read_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-    std::ofstream out(path, std::ios::binary);
-    out.write(bytes.data(), (std::streamsize)bytes.size());
 }
 
 template <class T>

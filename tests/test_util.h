@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -102,6 +104,16 @@ struct TempDir {
     ~TempDir() { std::string cmd = "rm -rf '" + path + "'"; if (std::system(cmd.c_str())) {} }
     std::string file(const std::string& name) const { return path + "/" + name; }
 };
+
+// A whole file's bytes ("" if it cannot be read), and a file written with `bytes`.
+inline std::string read_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), (std::streamsize)bytes.size());
+}
 
 // The text used by tests that need real data: $KNNGPT_TEXT, else "" (the
 // test then skips with a message saying so).

@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "data/bpe.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
 #include "kernels/common/draws.h"
@@ -76,6 +77,8 @@ struct Options {
     int shuffle = 0;                     // --shuffle
     int layers = -1, heads = -1, channels = -1, max_seq_len = -1, vocab = -1;  // shape flags
     std::string tokenizer;               // --tokenizer
+    std::string gpt2_vocab;              // --gpt2-vocab
+    std::string prompt, prompt_file;     // --prompt, --prompt-file
     AttnFlags attn;                      // --attn*: train/attention_flags.h
     int zero_stage = 0;                  // -z
     CommOptions comm;                    // -pi -pn -pr -pg -ps -pp: model/comm.h
@@ -149,6 +152,11 @@ Evaluation, sampling, output
   -s N             print a generated sample every N steps and at the end (default 500; 0 = only at the end)
   -g N             tokens per sample (default 128)
   --tokenizer FILE llm.c tokenizer file to decode samples (default: byte-level when vocab <= 256)
+  --gpt2-vocab DIR GPT-2's encoder.json and vocab.bpe (tools/fetch_gpt2_vocab.sh): encode --prompt with
+                   GPT-2's BPE (vocab 50257 models), and decode samples when --tokenizer is not given
+  --prompt TEXT    samples continue TEXT (after the end-of-text token where the tokenizer has one;
+                   byte-level: TEXT's bytes; GPT-2: needs --gpt2-vocab); default: no prompt
+  --prompt-file F  the same with the contents of file F
   -o DIR           output directory for main.log and checkpoints (default: none)
   -n N             write a checkpoint every N steps, and at the end (needs -o; default 0 = only at the end)
   -nk N            keep only the latest N checkpoints, removing older ones (default 0: keep all)
@@ -303,7 +311,8 @@ static Options parse_args(int argc, char** argv) {
         {"--grad-clip", real(&o.grad_clip)}, {"--shuffle", integer(&o.shuffle)},
         {"--layers", integer(&o.layers)}, {"--heads", integer(&o.heads)}, {"--channels", integer(&o.channels)},
         {"--max-seq-len", integer(&o.max_seq_len)}, {"--vocab", integer(&o.vocab)},
-        {"--tokenizer", text(&o.tokenizer)}, {"--attn", text(&o.attn.mode)}, {"--attn-k", integer(&o.attn.k)},
+        {"--tokenizer", text(&o.tokenizer)}, {"--gpt2-vocab", text(&o.gpt2_vocab)},
+        {"--prompt", text(&o.prompt)}, {"--prompt-file", text(&o.prompt_file)}, {"--attn", text(&o.attn.mode)}, {"--attn-k", integer(&o.attn.k)},
         {"--attn-tail", integer(&o.attn.tail)}, {"--attn-index", text(&o.attn.index)},
         {"--attn-grad", text(&o.attn.grad)}, {"--attn-grad-samples", integer(&o.attn.grad_samples)},
         {"--attn-grad-source", text(&o.attn.grad_source)}, {"--attn-grad-dv", text(&o.attn.grad_dv)},
@@ -353,6 +362,7 @@ static Options parse_args(int argc, char** argv) {
     if (o.verify_checksum != 0 && o.verify_checksum != 1) die("--verify-checksum takes 0 or 1");
     if (o.skip_nonfinite != 0 && o.skip_nonfinite != 1) die("--skip-nonfinite takes 0 or 1");
     if (o.inject_nan_step < 0 || o.inject_nan_layer < 0) die("--inject-nan: STEP and LAYER must be >= 0");
+    if (!o.prompt.empty() && !o.prompt_file.empty()) die("--prompt and --prompt-file: give one of them");
     return o;
 }
 
@@ -426,14 +436,51 @@ static ModelSource model_source(const Options& o, const std::string& resume_mode
 // ----------------------------------------------------------------------------
 // Sampling
 
-static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_tokens) {
+// The tokens of --prompt / --prompt-file: GPT-2's BPE when `bpe` is given
+// (a literal <|endoftext|> is that token), else the bytes (a byte-level model).
+static std::vector<int> prompt_tokens(const Options& o, const GPTConfig& cfg, const Gpt2Bpe* bpe) {
+    std::string text = o.prompt;
+    const std::string flag = o.prompt_file.empty() ? "--prompt" : "--prompt-file " + o.prompt_file;
+    if (!o.prompt_file.empty()) {
+        FILE* f = fopen(o.prompt_file.c_str(), "rb");
+        if (!f) die(o.prompt_file + ": cannot open: " + strerror(errno));
+        char buf[4096];
+        for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) text.append(buf, n);
+        const bool bad = ferror(f);
+        fclose(f);
+        if (bad) die(o.prompt_file + ": read error");
+        if (text.empty()) die(flag + ": empty file");
+    }
+    if (text.empty()) return {};
+    std::vector<int> tokens;
+    if (bpe) {
+        for (uint16_t t : bpe->encode(text)) tokens.push_back(t);
+    } else {
+        if (cfg.vocab_size > 256)
+            die(flag + ": the model's vocab is " + std::to_string(cfg.vocab_size) +
+                ", not byte-level: give --gpt2-vocab DIR to encode the prompt with GPT-2's BPE");
+        for (unsigned char b : text) {
+            if (b >= cfg.vocab_size)
+                die(flag + ": byte " + std::to_string(b) + " is outside the model's vocab of " + std::to_string(cfg.vocab_size));
+            tokens.push_back(b);
+        }
+    }
+    return tokens;
+}
+
+// A sample: the prompt (if any), then n_tokens drawn one at a time. Its
+// context starts with the end-of-text token where the tokenizer has one, else
+// with the prompt, or '\n' without a prompt.
+static std::string generate(GPT& model, const Tokenizer* tok, Rng& rng, int n_tokens, const std::vector<int>& prompt) {
     const GPTConfig& c = model.config;
     std::vector<int> tokens;
-    int start = tok && tok->eot_token() >= 0 ? tok->eot_token() : (c.vocab_size > '\n' ? '\n' : 0);
-    tokens.push_back(start);
+    if (tok && tok->eot_token() >= 0) tokens.push_back(tok->eot_token());
+    else if (prompt.empty()) tokens.push_back(c.vocab_size > '\n' ? '\n' : 0);
+    tokens.insert(tokens.end(), prompt.begin(), prompt.end());
     std::vector<float> logits(c.padded_vocab_size);
     std::vector<double> probs(c.vocab_size);
     std::string text;
+    for (int t : prompt) text += tok ? tok->decode_printable(t) : std::to_string(t) + " ";
     for (int i = 0; i < n_tokens; i++) {
         int ctx = std::min((int)tokens.size(), model.T);  // sliding window over the last T tokens
         const int* window = tokens.data() + tokens.size() - ctx;
@@ -515,9 +562,18 @@ static int run(const Options& o) {
         die("-d " + std::to_string(total_batch) + ": the rows of one step times T pass the 2^32 draw rows of the "
             "attention (kernels/common/draws.h)");
 
+    std::unique_ptr<Gpt2Bpe> bpe;  // --gpt2-vocab
+    if (!o.gpt2_vocab.empty()) {
+        if (cfg.vocab_size != GPT2_VOCAB_SIZE)
+            die("--gpt2-vocab: the model's vocab is " + std::to_string(cfg.vocab_size) + ", not GPT-2's " +
+                std::to_string(GPT2_VOCAB_SIZE));
+        bpe = std::make_unique<Gpt2Bpe>(Gpt2Bpe::load(o.gpt2_vocab));
+    }
     std::unique_ptr<Tokenizer> tokenizer;
     if (!o.tokenizer.empty()) tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_llmc_file(o.tokenizer));
+    else if (bpe) tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_pieces(bpe->all_token_bytes(), bpe->eot_token(), o.gpt2_vocab));
     else if (cfg.vocab_size <= 256) tokenizer = std::make_unique<Tokenizer>(Tokenizer::byte_level());
+    const std::vector<int> prompt = prompt_tokens(o, cfg, bpe.get());
 
     // --eval-only: no train data, zero steps (the loop below validates once and stops)
     std::optional<DataLoader> train_loader;
@@ -672,7 +728,7 @@ static int run(const Options& o) {
         }
         // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
         if (rank == 0 && !o.eval_only && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step)) {
-            std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens);
+            std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens, prompt);
             printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
         }
         fflush(stdout);
