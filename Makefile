@@ -157,10 +157,14 @@ $(CXX_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(filter %/bpe.o,$^) $(LDLIBS) $(BPE_LIBS)
 
+# compiled (-x cu) and linked in two steps: -x cu would also take bpe.o for CUDA source
 $(NVCC_TRAINERS): %: train/train_gpt.cpp $(DEPDIR)/%.d
 	$(NEED_NVCC)
 	$(MKDIRS)
-	$(NVCC) -x cu $(NVCCFLAGS) $(MPI_DEFS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -o $@ $< $(filter %/bpe.o,$^) \
+	@mkdir -p $(BUILD)/nvcc_obj
+	$(NVCC) -x cu $(NVCCFLAGS) $(MPI_DEFS) $(TRAINER_FLAGS_$(notdir $@)) $(DEPFLAGS) -MT $@ -c \
+	  -o $(BUILD)/nvcc_obj/$(notdir $@).o $<
+	$(NVCC) $(NVCCFLAGS) -o $@ $(BUILD)/nvcc_obj/$(notdir $@).o $(filter %/bpe.o,$^) \
 	  $(CUDA_LIBS) -lnccl $(MPI_LIBS) $(BPE_LIBS)
 
 prepare_data $(PORTABLE)/prepare_data $(if $(PROGRAMS),$(PROGRAMS)prepare_data): %: data/prepare_data.cpp $(DEPDIR)/%.d
