@@ -355,8 +355,9 @@ TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
 // A second signal does not wait for the step: status 128 + SIGTERM, one line, no checkpoint.
 TEST_F(Reliability, SecondSignalExitsAtOnce) {
     const std::string dir = tmp.file("run");
-    // slow steps (16 micro-batches each), so both signals land inside one
-    Child c = spawn(base() + " -x 50 -d 2048 -o " + dir, tmp.file("out"), tmp.file("err"));
+    // slow steps (512 micro-batches each: about a second on an idle core), so that both
+    // signals land inside one on any machine
+    Child c = spawn(base() + " -x 50 -d 65536 -o " + dir, tmp.file("out"), tmp.file("err"));
     ASSERT_TRUE(wait_for_text(c, c.out, "step     1/", 120)) << slurp(c.out);
     kill(c.pid, SIGTERM);
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -476,7 +477,8 @@ TEST(NumericalFaults, LocatorsNameTheTensorAndLayer) {
 // ---------------------------------------------------------------------------
 // The kill -9 loop
 
-// One run killed with SIGKILL 20 times once it trains: after a random delay,
+// One run killed with SIGKILL 20 times once it trains: after a random delay (up to
+// about two steps of the uninterrupted run's pace),
 // and (every other time) the moment a checkpoint's temporary file appears,
 // i.e. inside a write.
 // After each kill every complete checkpoint in the directory reads back with
@@ -488,8 +490,14 @@ TEST_F(Reliability, KillDashNineLoopEndsInTheUninterruptedModel) {
     const std::string flags = program_path("train_gpt_cpu") + " -i " + train + " -j " + val +
                               " --layers 2 --heads 2 --channels 64 -b 4 -t 32 -l 3e-3 -v 0 -m 2 -s 0 -g 8 --shuffle 1"
                               " -x 40 -n 1 -nk 2 -nm 20";
+    const auto whole_start = std::chrono::steady_clock::now();
     RunResult whole = run(flags + " -o " + tmp.file("whole"), tmp);
     ASSERT_EQ(whole.exit_code, 0) << whole.err;
+    // the random kills fall within about two steps of this machine's pace, so that 20 of
+    // them happen before the run's 40 steps are done, on a fast machine as on a slow one
+    const double whole_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - whole_start).count();
+    const int kill_window_ms = std::max(1, (int)(2.0 * whole_ms / 40));
     const std::string dir = tmp.file("killed");
     std::mt19937 rng(2024);
     int kills = 0, kills_in_writes = 0, resumes = 0;
@@ -505,14 +513,14 @@ TEST_F(Reliability, KillDashNineLoopEndsInTheUninterruptedModel) {
         };
         // once training runs (the first step line: the start has removed the temporary files a
         // previous kill left), either the moment a temporary file exists, i.e. inside
-        // write_atomically, or after a random 0-250 ms
+        // write_atomically, or after a random delay within kill_window_ms
         wait_for_text(c, c.out, "\nstep ", 60);
         if (kills % 2 == 1) {
             auto start = std::chrono::steady_clock::now();
             while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < 5 && temporaries() == 0)
                 std::this_thread::sleep_for(std::chrono::microseconds(200));
         } else {
-            std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 250));
+            std::this_thread::sleep_for(std::chrono::milliseconds(rng() % kill_window_ms));
         }
         kill(c.pid, SIGKILL);
         const int status = wait_for(c);
