@@ -52,6 +52,9 @@ struct Child {
 
 Child spawn(const std::string& cmd, const std::string& out, const std::string& err, rlim_t fsize_limit = 0) {
     Child c{-1, out, err};
+    // the files go before the fork: a reader must never see a previous child's output
+    std::remove(out.c_str());
+    std::remove(err.c_str());
     fflush(nullptr);
     c.pid = fork();
     if (c.pid == 0) {
