@@ -298,7 +298,12 @@ fuzz: $(FUZZ_BINS)
 $(FUZZ_BINS): $(FUZZ_DIR)/%: tests/fuzz/%.cpp $(DEPDIR)/$(FUZZ_DIR)/%.d
 	@command -v $(FUZZ_CXX) >/dev/null 2>&1 || { echo "make $@: $(FUZZ_CXX) not found: bash tools/install_deps.sh --fuzz"; exit 1; }
 	$(MKDIRS)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) -std=c++17 -fopenmp -Wall -Wextra -I. $(DEPFLAGS) -o $@ $< $(BLAS_LIBS) -lm
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -std=c++17 -fopenmp -Wall -Wextra -I. $(DEPFLAGS) -o $@ $< $(FUZZ_EXTRA_$(notdir $@)) \
+	  $(BLAS_LIBS) -lm
+
+# the targets that include prepare_data's or the trainer's source also need GPT-2's BPE
+FUZZ_EXTRA_fuzz_prepare_data := data/bpe.cpp $(BPE_LIBS)
+FUZZ_EXTRA_fuzz_train_args   := data/bpe.cpp $(BPE_LIBS)
 
 bench: bench-train bench-attention bench-parallel
 
