@@ -18,6 +18,7 @@
 #include "model/attention_meters.h"
 #include "model/checkpoint.h"
 #include "model/qkv_capture.h"
+#include "tests/model_test_util.h"
 #include "tests/test_util.h"
 #include "tests/trainer_test_util.h"
 
@@ -31,24 +32,8 @@ using knngpt_test::slurp;
 
 namespace {
 
-GPTConfig small_config(int maxT = 24) {
-    GPTConfig c;
-    c.max_seq_len = maxT;
-    c.vocab_size = 256;
-    c.padded_vocab_size = padded_vocab(256);
-    c.num_layers = 2;
-    c.num_heads = 2;
-    c.channels = 16;
-    return c;
-}
-
-// GPT-2's init with the qkv weights scaled up, so that attention rows are far from uniform
-std::vector<float> peaked_params(const GPTConfig& c) {
-    std::vector<float> params = gpt_random_init(c, 5);
-    ParameterTensors p = point_parameters(params.data(), c);
-    for (size_t i = 0; i < (size_t)c.num_layers * 3 * c.channels * c.channels; i++) p.qkvw[i] *= 40.0f;
-    return params;
-}
+using knngpt_test::peaked_params;
+using knngpt_test::small_config;
 
 // Every layer's q and k constant over positions: their weights 0, their biases fixed
 // (different per layer and channel), so every key is the same and so is every query.

@@ -8,30 +8,15 @@
 #include <string>
 
 #include "model/qkv_capture.h"
+#include "tests/model_test_util.h"
 #include "tests/test_util.h"
 
 using namespace knngpt;
 
 namespace {
 
-GPTConfig small_config() {
-    GPTConfig c;
-    c.max_seq_len = 24;
-    c.vocab_size = 256;
-    c.padded_vocab_size = padded_vocab(256);
-    c.num_layers = 2;
-    c.num_heads = 2;
-    c.channels = 16;
-    return c;
-}
-
-// GPT-2's init with the qkv weights scaled up, so that attention rows are far from uniform
-std::vector<float> peaked_params(const GPTConfig& c) {
-    std::vector<float> params = gpt_random_init(c, 5);
-    ParameterTensors p = point_parameters(params.data(), c);
-    for (size_t i = 0; i < (size_t)c.num_layers * 3 * c.channels * c.channels; i++) p.qkvw[i] *= 40.0f;
-    return params;
-}
+using knngpt_test::peaked_params;
+using knngpt_test::small_config;
 
 // causal softmax attention of one (1, T, 3C) qkv, in double: (1, T, C)
 std::vector<double> causal_attention_double(const std::vector<float>& qkv, int T, int C, int NH) {
