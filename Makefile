@@ -179,6 +179,7 @@ $(BUILD)/bpe.o $(PORTABLE)/bpe.o: %/bpe.o: data/bpe.cpp $(DEPDIR)/%/bpe.o.d
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -c -o $@ $<
 train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \
+  $(if $(PROGRAMS),$(PROGRAMS)train_gpt_cpu $(PROGRAMS)prepare_data) \
   $(NVCC_TRAINERS) $(BUILD)/tests/test_bpe $(BUILD)/bench_bpe: $(BUILD)/bpe.o
 $(PORTABLE)/train_gpt_cpu $(PORTABLE)/train_gpt_emu $(PORTABLE)/train_gpt_emu_bf16 $(PORTABLE)/prepare_data: $(PORTABLE)/bpe.o
 $(BUILD)/tests/test_bpe: LDLIBS += $(BUILD)/bpe.o $(BPE_LIBS)

@@ -28,6 +28,7 @@ class Xxh64 {
   public:
     // Adds `bytes` bytes; the result is that of hashing all the pieces back to back.
     void update(const void* data, size_t bytes) {
+        if (bytes == 0) return;  // (data may then be null, which memcpy may not be given)
         const unsigned char* p = static_cast<const unsigned char*>(data);
         total_ += bytes;
         if (buffered_ > 0) {  // complete a stripe left over from the last piece

@@ -22,6 +22,7 @@
 #include <mpi.h>
 #endif
 
+#include "kernels/common/mpi_lifetime.h"
 #include "model/comm.h"
 
 namespace knngpt {
@@ -59,7 +60,7 @@ inline void ensure_mpi_initialized() {
     MPI_Initialized(&initialized);
     if (initialized) return;
     int provided = 0;
-    mpi_check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+    mpi_check(mpi_init_once(MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
     // ranks report their own errors (one line each) instead of MPI's default of aborting
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
 }
@@ -77,11 +78,7 @@ inline void mpi_world_ranks(int* rank, int* world, int* local_rank) {
     MPI_Comm_free(&node);
 }
 
-inline void mpi_finalize_once() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-}
+using knngpt::mpi_finalize_once;
 
 }  // namespace comm_detail
 

@@ -380,7 +380,8 @@ TEST(BpeReference, InvalidUtf8IsCutAsTheReferencesDecodeIt) {
 
 namespace {
 
-const std::string PREPARE_DATA = "./prepare_data", TRAINER = "./train_gpt_cpu";  // tests run from the repo root
+// the programs of this build (tests run from the repo root; KNNGPT_BIN_DIR names another build's)
+const std::string PREPARE_DATA = knngpt_test::program_path("prepare_data"), TRAINER = knngpt_test::program_path("train_gpt_cpu");
 
 int run_logged(const std::string& cmd, const std::string& log) { return shell(cmd + " > '" + log + "' 2>&1"); }
 

@@ -895,7 +895,8 @@ int main(int argc, char** argv) {
     bool listing = false;
     for (int i = 1; i < argc; i++) listing = listing || std::strncmp(argv[i], "--gtest_list_tests", 18) == 0;
     if (!listing && !started_by_mpirun() && !std::getenv(kRelaunchMarker)) return relaunch_under_mpirun(argc, argv);
-    MPI_Init(&argc, &argv);
+    int provided = 0;
+    knngpt::mpi_init_once(MPI_THREAD_SINGLE, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &world().rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world().size);
 #endif
@@ -913,7 +914,7 @@ int main(int argc, char** argv) {
     if (any_failed && !failed && world().rank == 0)
         std::printf("another rank failed (its failures are printed above, prefixed \"rank N:\")\n");
     failed = any_failed;
-    MPI_Finalize();
+    knngpt::mpi_finalize_once();
 #endif
     return failed;
 }

@@ -183,6 +183,11 @@ public:
 
 private:
     void release() {
+        // the shadow of frames left on the stacks goes with them: a later mapping
+        // at these addresses (the sanitizer's own, as its symbolizer's) starts clean
+#if defined(__SANITIZE_ADDRESS__)
+        if (mapping_) ASAN_UNPOISON_MEMORY_REGION(mapping_, mapped_bytes_);
+#endif
         if (mapping_) munmap(mapping_, mapped_bytes_);
         mapping_ = nullptr;
         fibers_.reset();

@@ -60,6 +60,8 @@
 #define MPICH_SKIP_MPICXX 1
 #endif
 #include <mpi.h>
+
+#include "kernels/common/mpi_lifetime.h"
 #endif
 
 // ---- the API's types and constants ------------------------------------------
@@ -543,11 +545,7 @@ inline int id_color(const ncclUniqueId& id) {
 }
 
 #if defined(KNNGPT_MPI)
-inline void finalize_mpi_at_exit() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-}
+inline void finalize_mpi_at_exit() { knngpt::mpi_finalize_once(); }
 
 // MPI, initialised here if nobody has (and then finalized at exit).
 inline ncclResult_t ensure_mpi() {
@@ -556,7 +554,8 @@ inline ncclResult_t ensure_mpi() {
     MPI_Finalized(&finalized);
     if (finalized) return fail(ncclInvalidUsage, "ncclCommInitRank: MPI has already been finalized");
     if (!initialized) {
-        if (MPI_Init(nullptr, nullptr) != MPI_SUCCESS)
+        int provided = 0;
+        if (knngpt::mpi_init_once(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS)
             return fail(ncclSystemError, "ncclCommInitRank: MPI_Init failed");
         std::atexit(finalize_mpi_at_exit);
     }
