@@ -388,6 +388,7 @@ std::vector<size_t> Gpt2Bpe::safe_cuts(std::string_view text, size_t chunk_bytes
 
 std::vector<uint16_t> Gpt2Bpe::encode_parallel(std::string_view text, int threads) const {
     if (threads <= 0) threads = (int)std::max(1u, std::thread::hardware_concurrency());
+    if (threads == 1) return encode(text);
     // parts of a 16th of a thread's share, at least 64 KiB
     const size_t chunk = std::max<size_t>(64 << 10, text.size() / ((size_t)threads * 16) + 1);
     std::vector<size_t> bounds = safe_cuts(text, chunk);
@@ -398,8 +399,15 @@ std::vector<uint16_t> Gpt2Bpe::encode_parallel(std::string_view text, int thread
     std::atomic<size_t> next{0};
     auto work = [&]() {
         BpeEncoder encoder(*this);
-        for (size_t i; (i = next.fetch_add(1)) < parts;)
-            encoder.encode(text.substr(bounds[i], bounds[i + 1] - bounds[i]), ids[i], true);
+        // Encoded into this thread's vector, then copied: appending to ids[i]
+        // itself would write its end pointer at every token, on a cache line
+        // that ids[i + 1], filled by another thread, shares.
+        std::vector<uint16_t> part;
+        for (size_t i; (i = next.fetch_add(1)) < parts;) {
+            part.clear();
+            encoder.encode(text.substr(bounds[i], bounds[i + 1] - bounds[i]), part, true);
+            ids[i].assign(part.begin(), part.end());
+        }
     };
     std::vector<std::thread> pool;
     for (int t = 1; t < std::min<int>(threads, (int)parts); t++) pool.emplace_back(work);

@@ -95,7 +95,7 @@ class Gpt2Bpe {
     // One thread. encode: "<|endoftext|>" -> 50256; encode_ordinary: spelled out.
     std::vector<uint16_t> encode(std::string_view text) const;
     std::vector<uint16_t> encode_ordinary(std::string_view text) const;
-    // encode() on `threads` threads (<= 0: all cores); the same ids.
+    // encode() on `threads` threads (<= 0: all cores; 1: encode() itself); the same ids.
     std::vector<uint16_t> encode_parallel(std::string_view text, int threads) const;
     // The bytes of the tokens, concatenated; throws on an id outside the vocab.
     std::string decode(const std::vector<uint16_t>& ids) const;

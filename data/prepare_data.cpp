@@ -454,11 +454,17 @@ int run_gpt2(const Options& opt) {
             std::vector<std::vector<uint16_t>> ids(n);
             std::atomic<size_t> next{0};
             const auto work = [&](int t) {
-                for (size_t i; (i = next.fetch_add(1)) < n;)
+                // into this thread's vector, then copied (as in encode_parallel:
+                // ids[i] and ids[i + 1] share a cache line)
+                std::vector<uint16_t> item;
+                for (size_t i; (i = next.fetch_add(1)) < n;) {
+                    item.clear();
                     for (const Span& span : items[first + i]) {
-                        if (span.eot) ids[i].push_back((uint16_t)bpe.eot_token());
-                        encoders[t].encode(span.text, ids[i], true);
+                        if (span.eot) item.push_back((uint16_t)bpe.eot_token());
+                        encoders[t].encode(span.text, item, true);
                     }
+                    ids[i].assign(item.begin(), item.end());
+                }
             };
             std::vector<std::thread> pool;
             for (int t = 1; t < std::min<int>(threads, (int)n); t++) pool.emplace_back(work, t);

@@ -237,6 +237,25 @@ TEST(Bpe, CutTextEncodesAsTheWhole) {
     }
 }
 
+// Many threads on a text of many distinct pieces (random words, each thread's
+// cache filling with its own) and a few common ones: encode()'s ids.
+TEST(Bpe, ParallelEncodingOnEightThreadsIsTheWhole) {
+    if (auto why = vocab_missing(); !why.empty()) GTEST_SKIP() << why;
+    std::mt19937 rng(7);
+    const char* common[] = {" the", " and", " of", " thou", "\n", ",", " 1234"};
+    std::string text;
+    while (text.size() < (1u << 20)) {
+        if (rng() % 3 == 0) {
+            text += common[rng() % 7];
+            continue;
+        }
+        text += ' ';
+        for (int c = 0, len = 3 + (int)(rng() % 6); c < len; c++) text += (char)('a' + rng() % 26);
+        if (rng() % 50 == 0) text += ".\n";
+    }
+    EXPECT_EQ(first_difference(bpe().encode_parallel(text, 8), bpe().encode(text)), -1);
+}
+
 TEST(Bpe, MissingOrCorruptVocabularyIsOneLineNamingTheFile) {
     if (auto why = vocab_missing(); !why.empty()) GTEST_SKIP() << why;
     TempDir dir;
