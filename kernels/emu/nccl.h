@@ -545,8 +545,6 @@ inline int id_color(const ncclUniqueId& id) {
 }
 
 #if defined(KNNGPT_MPI)
-inline void finalize_mpi_at_exit() { knngpt::mpi_finalize_once(); }
-
 // MPI, initialised here if nobody has (and then finalized at exit).
 inline ncclResult_t ensure_mpi() {
     int initialized = 0, finalized = 0;
@@ -557,7 +555,7 @@ inline ncclResult_t ensure_mpi() {
         int provided = 0;
         if (knngpt::mpi_init_once(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS)
             return fail(ncclSystemError, "ncclCommInitRank: MPI_Init failed");
-        std::atexit(finalize_mpi_at_exit);
+        std::atexit(knngpt::mpi_finalize_once);
     }
     return ncclSuccess;
 }
