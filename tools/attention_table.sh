@@ -6,6 +6,8 @@
 # table of the final validation loss (whole validation split).
 #
 #   bash tools/attention_table.sh TEXT_FILE [SEED...]       (default seeds: 1337)
+#   SETTINGS_FILTER='^knn k=(8|32)$' bash tools/attention_table.sh ...   (only the rows whose
+#                                                name matches this regular expression)
 # Logs go to build/attention_table/; a run whose log already ends with its
 # summary line is not repeated. Each run takes ~5 minutes on 2 cores.
 set -euo pipefail
@@ -25,6 +27,7 @@ settings=(
   "knn k=8|--attn knn --attn-k 8"
   "knn k=4|--attn knn --attn-k 4"
   "knn k=32|--attn knn --attn-k 32"
+  "knn k=16, cluster index|--attn knn --attn-k 16 --attn-index cluster"
   "knn-tail k=8 m=8|--attn knn-tail --attn-k 8 --attn-tail 8"
   "gumbel k=8 (sampled grads)|--attn gumbel --attn-k 8 --attn-grad sampled"
   "kmv k=8 m=8|--attn kmv --attn-k 8 --attn-tail 8"
