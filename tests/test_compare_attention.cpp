@@ -1,7 +1,8 @@
 // tests/test_compare_attention.cpp — build/compare_attention end to end on a
 // tiny configuration: the cross-evaluation diagonal equals what separate
 // trainer runs print, knn with k >= T gives exact attention's column and row,
-// a rerun skips finished work and resumes an interrupted training, a
+// a rerun skips finished work and resumes an interrupted training, --import
+// merges the runs of other output folders, a
 // checkpoint is evaluated under every setting, the attention meters run on every
 // model (k = T gives error 0, and a rerun skips them), the plots are PNG files,
 // bad input stops with one line, and every flag is documented.
@@ -301,6 +302,48 @@ TEST_F(CompareAttention, EvaluatesACheckpointUnderEverySetting) {
     EXPECT_NE(slurp(dir + "/results.md").find("| checkpoint |"), std::string::npos);
 }
 
+// Settings trained in separate --out folders (side by side, or on other
+// machines) come together with --import: no training is redone, only the
+// missing cross-evaluations run, and every imported figure is the folder's.
+TEST_F(CompareAttention, ImportTakesInTheRunsOfOtherFolders) {
+    const std::string side = tmp->file("side"), merged = tmp->file("merged");
+    RunResult alone = run_with_threads(command(text, side, {"knn --attn-k 8"}, "--plots 0"), 1, *tmp);
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    std::vector<std::string> all = kSettings;
+    all.push_back("knn --attn-k 8");
+    RunResult r = run_with_threads(command(text, merged, all, "--plots 0 --import " + out + " --import " + side), 1, *tmp);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("imported 3 run(s), 9 evaluation(s) and 3 meter(s) from " + out), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("imported 1 run(s), 1 evaluation(s) and 1 meter(s) from " + side), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("0 training(s) and 6 evaluation(s) run, 14 skipped"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("0 meter(s) run, 4 skipped"), std::string::npos) << r.out;
+    json m = read_json(merged + "/results.json"), s = read_json(side + "/results.json");
+    for (const auto& flags : kFlags)
+        for (const auto& evaluated : kFlags)
+            EXPECT_EQ(eval_loss(m, flags, 1337, evaluated), eval_loss(db, flags, 1337, evaluated)) << flags;
+    const std::string knn8 = "--attn knn --attn-k 8";
+    EXPECT_EQ(eval_loss(m, knn8, 1337, knn8), (*find_run(s, knn8, 1337))["val_loss"].get<double>());
+    // the evaluations run here: the side model under k = T is its exact column
+    const double exact8 = eval_loss(m, knn8, 1337, kFlags[0]);
+    EXPECT_NEAR(eval_loss(m, knn8, 1337, kFlags[2]), exact8, 1e-5 * exact8);
+    // the imported run folders came along, model files and logs included
+    for (const json& run : m["runs"]) EXPECT_TRUE(exists(merged + "/" + run["model"].get<std::string>())) << run["dir"];
+    EXPECT_TRUE(exists(merged + "/meters/knn_k=8_s1337.json"));
+
+    RunResult again = run_with_threads(command(text, merged, all, "--plots 0 --import " + side), 1, *tmp);
+    ASSERT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_NE(again.out.find("imported 0 run(s), 0 evaluation(s) and 0 meter(s)"), std::string::npos) << again.out;
+    EXPECT_NE(again.out.find("0 training(s) and 0 evaluation(s) run, 20 skipped"), std::string::npos) << again.out;
+
+    RunResult other = run_with_threads(
+        command(text, tmp->file("other"), {"exact"}, "--plots 0 --import " + out, std::string(kBase) + " -x 9"), 1, *tmp);
+    EXPECT_EQ(other.exit_code, 1);
+    EXPECT_NE(other.err.find("--import " + out + " holds results of another configuration"), std::string::npos) << other.err;
+    RunResult none = run_with_threads(command(text, tmp->file("none"), {"exact"}, "--import " + tmp->file("nowhere")), 1, *tmp);
+    EXPECT_EQ(none.exit_code, 1);
+    EXPECT_NE(none.err.find("no results.json in it"), std::string::npos) << none.err;
+}
+
 TEST_F(CompareAttention, PlotsArePngFiles) {
     if (std::system("/usr/bin/python3 -c 'import matplotlib' > /dev/null 2>&1") != 0)
         GTEST_SKIP() << "/usr/bin/python3 has no matplotlib (bash tools/install_deps.sh installs python3-matplotlib)";
@@ -351,7 +394,7 @@ TEST_F(CompareAttention, EveryFlagIsInHelpAndReadme) {
     ASSERT_NE(section, std::string::npos) << "README.md has no section on compare_attention";
     readme = readme.substr(section, readme.find("\n## ", section + 1) - section);
     for (const char* flag : {"--setting", "--seeds", "--text", "--checkpoint", "--out", "--trainer", "--prepare-data",
-                             "--plots", "--python", "--meters", "--meter", "--meter-flags", "-h"}) {
+                             "--plots", "--python", "--meters", "--meter", "--meter-flags", "--import", "-h"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
         EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README's section";

@@ -20,7 +20,9 @@
 //
 // A rerun with the same base flags skips every training, evaluation and meter that
 // results.json already holds (new settings or seeds add only their own work),
-// and resumes an interrupted training from its latest checkpoint (-n N).
+// and resumes an interrupted training from its latest checkpoint (-n N); --import DIR
+// takes in the results of another output directory of the same configuration first
+// (settings trained side by side), so that only the missing work runs.
 //
 //   build/compare_attention --text FILE --setting exact --setting "knn --attn-k 16"
 //       [--seeds 1337,1] [--out DIR] [--trainer PATH] -- [trainer flags]
@@ -30,10 +32,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -84,6 +88,11 @@ evaluates every trained model under every setting (the cross-evaluation matrix);
   --meter PATH         the meter program (default build/attn_meter of the repository)
   --meter-flags FLAGS  more attn_meter flags, separated by spaces (e.g. "--windows 2
                        --k 1,4,16 --c-t 64,256"); a meter run with other flags is redone
+  --import DIR         first take in the runs, evaluations and meters of another output
+                       directory of the same configuration (settings trained side by side
+                       in separate --out folders, or on other machines): its run folders
+                       and meter files are copied into OUT; what OUT holds already wins;
+                       repeat the flag for each folder
   -h, --help           this help
 
 Trainer flags the tool sets itself, and so refuses after `--`: -o, -y, --eval-only, --seed,
@@ -169,6 +178,7 @@ struct Options {
     std::string trainer, prepare_data, python = "/usr/bin/python3", plot_script, meter;
     int plots = 1, meters = 1;
     std::vector<std::string> meter_flags;  // --meter-flags, split
+    std::vector<std::string> imports;      // --import DIR, in order
     std::vector<std::string> base;  // the trainer flags after --
 };
 
@@ -253,6 +263,7 @@ Options parse_args(int argc, char** argv) {
             o.meters = v == "1";
         } else if (flag == "--meter") o.meter = value;
         else if (flag == "--meter-flags") o.meter_flags = split_words(value);
+        else if (flag == "--import") o.imports.push_back(value);
         else die("unknown flag '" + flag + "' (see -h; trainer flags go after --)");
     }
     for (; i < argc; i++) o.base.push_back(argv[i]);
@@ -285,6 +296,9 @@ Options parse_args(int argc, char** argv) {
         die("--checkpoint " + o.checkpoint + ": cannot read it");
     if (o.meters && access(o.meter.c_str(), X_OK) != 0)
         die("--meter " + o.meter + ": not an executable (make build/attn_meter, or --meters 0)");
+    for (const auto& dir : o.imports)
+        if (access((dir + "/results.json").c_str(), R_OK) != 0)
+            die("--import " + dir + ": no results.json in it (it takes an output directory of compare_attention)");
     if (o.meters && o.text.empty() && !has_flag(o.base, "-j"))
         die("--meters 1 needs the validation data: --text FILE, or -j among the trainer flags (or --meters 0)");
     return o;
@@ -776,6 +790,73 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// --import DIR: the results of another output directory of the same configuration, taken
+// into db, with the files they name copied into OUT (hard links where the file system
+// allows). A run OUT already holds (same setting and seed) keeps its own evaluations and
+// meter: only the evaluations and meters of the runs imported here come along, so that
+// every figure of a row is of one model. With --checkpoint (no runs) an evaluation or
+// meter OUT lacks is taken in.
+void copy_into(const std::string& from, const std::string& to) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
+    if (ec) {
+        ec.clear();
+        fs::remove_all(to, ec);
+        fs::copy(from, to, fs::copy_options::recursive, ec);
+    }
+    if (ec) die("--import: cannot copy " + from + " to " + to + " (" + ec.message() + ")");
+}
+
+void import_results(const Options& o, json& db, const std::string& from) {
+    const std::string path = from + "/results.json";
+    json other;
+    try {
+        std::ifstream in(path);
+        other = json::parse(in);
+    } catch (const std::exception& e) {
+        die("--import " + from + ": " + path + " is not valid JSON (" + e.what() + ")");
+    }
+    if (!other.contains("configuration") ||
+        nlohmann::json::parse(other["configuration"].dump()) != nlohmann::json::parse(configuration_json(o).dump()))
+        die("--import " + from + " holds results of another configuration (" +
+            (other.contains("configuration") ? other["configuration"].dump() : std::string("none")) + ")");
+    std::vector<std::pair<std::string, long>> taken;  // (trained, seed) of the runs imported
+    auto importable = [&](const json& record) {
+        const std::pair<std::string, long> key{record["trained"].get<std::string>(), record["seed"].get<long>()};
+        return !o.checkpoint.empty() || std::find(taken.begin(), taken.end(), key) != taken.end();
+    };
+    int runs = 0, evals = 0, meters = 0;
+    for (const json& run : other.value("runs", json::array())) {
+        if (find_run(db, run["setting"], run["seed"])) continue;
+        const std::string rel = run["dir"], to = o.out_dir + "/" + rel;
+        if (file_exists(to))
+            die("--import " + from + ": " + to + " exists, but " + o.out_dir +
+                "/results.json has no such run (an interrupted training?): remove it to import " + from + "/" + rel);
+        copy_into(from + "/" + rel, to);
+        db["runs"].push_back(run);
+        taken.push_back({run["setting"].get<std::string>(), run["seed"].get<long>()});
+        runs++;
+    }
+    for (const json& e : other.value("evals", json::array()))
+        if (importable(e) && !find_eval(db, e["trained"], e["seed"], e["evaluated"])) db["evals"].push_back(e), evals++;
+    for (const json& m : other.value("meters", json::array())) {
+        if (!importable(m) || find_meter(db, m["trained"], m["seed"])) continue;
+        make_dirs(o.out_dir + "/meters");
+        const std::string rel = m["json"].get<std::string>();
+        const std::string stem = rel.substr(0, rel.size() - 5);  // meters/<name>
+        for (const char* ext : {".json", ".csv", ".log"})
+            if (file_exists(from + "/" + stem + ext)) copy_into(from + "/" + stem + ext, o.out_dir + "/" + stem + ext);
+        db["meters"].push_back(m);
+        meters++;
+    }
+    save(o, db);
+    printf("compare_attention: imported %d run(s), %d evaluation(s) and %d meter(s) from %s\n", runs, evals, meters,
+           from.c_str());
+    fflush(stdout);
+}
+
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -802,6 +883,7 @@ int main(int argc, char** argv) {
                   {"runs", json::array()}, {"evals", json::array()}, {"meters", json::array()}};
     }
     if (!db.contains("meters")) db["meters"] = json::array();  // results of a version without meters
+    for (const auto& dir : o.imports) import_results(o, db, dir);
 
     // the data
     std::vector<std::string> data;
