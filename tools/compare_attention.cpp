@@ -430,6 +430,23 @@ void write_file_atomically(const std::string& path, const std::string& content) 
     if (rename(tmp.c_str(), path.c_str()) != 0) die(path + ": cannot rename " + tmp + " into place");
 }
 
+// A JSON file, or one line naming it and what to do (`advice`, e.g. "; remove it to start again").
+json read_json_file(const std::string& path, const std::string& advice = "") {
+    std::ifstream in(path);
+    try {
+        return json::parse(in);
+    } catch (const std::exception& e) {
+        die(path + ": not valid JSON (" + e.what() + ")" + advice);
+    }
+}
+
+// Whether stored results are of this run's configuration (compared as unordered objects:
+// a file edited by hand may list the keys in another order).
+bool of_this_configuration(const json& results, const Options& o) {
+    return results.contains("configuration") &&
+           nlohmann::json::parse(results["configuration"].dump()) == nlohmann::json::parse(configuration_json(o).dump());
+}
+
 json* find_run(json& db, const std::string& setting, long seed) {
     for (json& r : db["runs"])
         if (r["setting"] == setting && r["seed"] == seed) return &r;
@@ -790,12 +807,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// --import DIR: the results of another output directory of the same configuration, taken
-// into db, with the files they name copied into OUT (hard links where the file system
-// allows). A run OUT already holds (same setting and seed) keeps its own evaluations and
-// meter: only the evaluations and meters of the runs imported here come along, so that
-// every figure of a row is of one model. With --checkpoint (no runs) an evaluation or
-// meter OUT lacks is taken in.
+// A file or directory tree copied, as hard links where the file system allows.
 void copy_into(const std::string& from, const std::string& to) {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -808,19 +820,16 @@ void copy_into(const std::string& from, const std::string& to) {
     if (ec) die("--import: cannot copy " + from + " to " + to + " (" + ec.message() + ")");
 }
 
+// --import DIR: the results of another output directory of the same configuration, taken
+// into db, with the files they name copied into OUT. A run OUT already holds (same
+// setting and seed) keeps its own evaluations and meter: only the evaluations and meters
+// of the runs imported here come along, so that every figure of a row is of one model.
+// With --checkpoint (no runs) an evaluation or meter OUT lacks is taken in.
 void import_results(const Options& o, json& db, const std::string& from) {
-    const std::string path = from + "/results.json";
-    json other;
-    try {
-        std::ifstream in(path);
-        other = json::parse(in);
-    } catch (const std::exception& e) {
-        die("--import " + from + ": " + path + " is not valid JSON (" + e.what() + ")");
-    }
-    if (!other.contains("configuration") ||
-        nlohmann::json::parse(other["configuration"].dump()) != nlohmann::json::parse(configuration_json(o).dump()))
+    const json other = read_json_file(from + "/results.json", " (--import " + from + ")");
+    if (!of_this_configuration(other, o))
         die("--import " + from + " holds results of another configuration (" +
-            (other.contains("configuration") ? other["configuration"].dump() : std::string("none")) + ")");
+            other.value("configuration", json()).dump() + ")");
     std::vector<std::pair<std::string, long>> taken;  // (trained, seed) of the runs imported
     auto importable = [&](const json& record) {
         const std::pair<std::string, long> key{record["trained"].get<std::string>(), record["seed"].get<long>()};
@@ -843,8 +852,7 @@ void import_results(const Options& o, json& db, const std::string& from) {
     for (const json& m : other.value("meters", json::array())) {
         if (!importable(m) || find_meter(db, m["trained"], m["seed"])) continue;
         make_dirs(o.out_dir + "/meters");
-        const std::string rel = m["json"].get<std::string>();
-        const std::string stem = rel.substr(0, rel.size() - 5);  // meters/<name>
+        const std::string stem = "meters/" + m["name"].get<std::string>();  // as the meter runs name their files
         for (const char* ext : {".json", ".csv", ".log"})
             if (file_exists(from + "/" + stem + ext)) copy_into(from + "/" + stem + ext, o.out_dir + "/" + stem + ext);
         db["meters"].push_back(m);
@@ -855,7 +863,6 @@ void import_results(const Options& o, json& db, const std::string& from) {
            from.c_str());
     fflush(stdout);
 }
-
 
 }  // namespace
 
@@ -868,15 +875,9 @@ int main(int argc, char** argv) {
     json db;
     const std::string results_path = o.out_dir + "/results.json";
     if (file_exists(results_path)) {
-        std::ifstream in(results_path);
-        try {
-            db = json::parse(in);
-        } catch (const std::exception& e) {
-            die(results_path + ": not valid JSON (" + e.what() + "); remove it to start again");
-        }
-        // (compared as unordered objects: a file edited by hand may list the keys in another order)
-        if (nlohmann::json::parse(db["configuration"].dump()) != nlohmann::json::parse(configuration_json(o).dump()))
-            die(results_path + " holds results of another configuration (" + db["configuration"].dump() +
+        db = read_json_file(results_path, "; remove it to start again");
+        if (!of_this_configuration(db, o))
+            die(results_path + " holds results of another configuration (" + db.value("configuration", json()).dump() +
                 "): use another --out, or remove it");
     } else {
         db = json{{"tool", "compare_attention"}, {"configuration", configuration_json(o)},
@@ -1056,13 +1057,7 @@ int main(int argc, char** argv) {
                 if (status != 0)
                     die("the meter of '" + r.label + "' seed " + std::to_string(seed) + " failed (exit " +
                         std::to_string(status) + "): " + failure_line(log) + " (log: " + log + ")");
-                json result;
-                try {
-                    std::ifstream in(o.out_dir + "/" + rel + ".json");
-                    result = json::parse(in);
-                } catch (const std::exception& e) {
-                    die(o.out_dir + "/" + rel + ".json: not valid JSON (" + e.what() + ")");
-                }
+                const json result = read_json_file(o.out_dir + "/" + rel + ".json");
                 const double seconds = seconds_since(t0);
                 meter_s += seconds, meters_run++, left--;
                 json record{{"trained", r.key}, {"label", r.label}, {"seed", seed}, {"flags", meter_flags},
