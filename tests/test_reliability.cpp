@@ -316,7 +316,9 @@ TEST_F(Reliability, RetentionKeepsExactlyTheExpectedCheckpoints) {
 // batches, samples every 4 steps and a validation every 5, so the data
 // position and the sampling RNG must both carry over.
 TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
-    const std::string flags = " -x 16 --shuffle 1 -s 4 -v 5 -d 256";
+    // 256 micro-batches a step (tens of ms on an idle core): the signal, sent once step 3 or 6 is
+    // seen in the output, must land before the last step starts, also on a loaded machine
+    const std::string flags = " -x 16 --shuffle 1 -s 4 -v 5 -d 32768";
     RunResult whole = run(base() + flags + " -o " + tmp.file("whole"), tmp);
     ASSERT_EQ(whole.exit_code, 0) << whole.err;
     const auto want = step_losses(whole.out);
@@ -327,7 +329,7 @@ TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
         Child c = spawn(base() + flags + " -o " + dir, tmp.file("out"), tmp.file("err"));
         ASSERT_TRUE(wait_for_text(c, c.out, sig == SIGTERM ? "step     3/" : "step     6/", 60)) << slurp(c.out);
         kill(c.pid, sig);
-        EXPECT_EQ(wait_for(c), 75) << slurp(c.err);
+        EXPECT_EQ(wait_for(c), 75) << "(0: the run ended before the signal landed) " << slurp(c.err);
         const std::string out = slurp(c.out);
         EXPECT_EQ(slurp(c.err), "");
         std::smatch m;
@@ -376,7 +378,10 @@ TEST_F(Reliability, SecondSignalExitsAtOnce) {
 // ranks resumed from it end in the uninterrupted two-rank run's model.
 TEST_F(Reliability, SignalToOneRankStopsBothAtTheSameStep) {
     if (!knngpt_test::have_mpirun()) GTEST_SKIP() << "mpirun not found: install openmpi-bin (tools/install_deps.sh)";
-    const std::string flags = base() + " -b 2 -x 12 --shuffle 1 -z 1";
+    // 128 micro-batches a step on each rank (tens of ms), 24 steps: the signal, sent once rank 0's
+    // step 3 has come through mpirun's output forwarding, must land before the last step starts,
+    // also on a loaded machine (with sub-millisecond steps a run could finish first)
+    const std::string flags = base() + " -b 2 -x 24 --shuffle 1 -z 1 -d 32768";
     RunResult whole = knngpt_test::run_with_threads(knngpt_test::mpirun_prefix(2, 120) + flags + " -o " + tmp.file("whole"), 1, tmp);
     ASSERT_EQ(whole.exit_code, 0) << whole.err;
     const std::string dir = tmp.file("stopped");
@@ -387,17 +392,17 @@ TEST_F(Reliability, SignalToOneRankStopsBothAtTheSameStep) {
     ASSERT_TRUE(wait_for_text(c, c.out, "step     3/", 120)) << slurp(c.out) << slurp(c.err);
     const int rank1 = std::stoi(slurp(tmp.path + "/pid.1"));
     kill(rank1, SIGTERM);
-    EXPECT_EQ(wait_for(c), 75) << slurp(c.err);
+    EXPECT_EQ(wait_for(c), 75) << "(0: the run ended before the signal landed) " << slurp(c.err);
     std::smatch m;
     const std::string out = slurp(c.out);
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped by a signal to another rank after step (\\d+) of 12"))) << out;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped by a signal to another rank after step (\\d+) of 24"))) << out;
     const int at = std::stoi(m[1]);
     EXPECT_EQ(step_losses(out).size(), (size_t)at);
     EXPECT_EQ(knngpt::latest_checkpoint(dir), at);
     RunResult resumed = knngpt_test::run_with_threads(knngpt_test::mpirun_prefix(2, 120) + flags + " -o " + dir + " -y 1", 1, tmp);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-    EXPECT_EQ(step_losses(resumed.out).size(), (size_t)(12 - at));
-    EXPECT_EQ(slurp(model_at(dir, 12)), slurp(model_at(tmp.file("whole"), 12)));
+    EXPECT_EQ(step_losses(resumed.out).size(), (size_t)(24 - at));
+    EXPECT_EQ(slurp(model_at(dir, 24)), slurp(model_at(tmp.file("whole"), 24)));
 }
 
 // ---------------------------------------------------------------------------
