@@ -316,17 +316,18 @@ TEST_F(Reliability, RetentionKeepsExactlyTheExpectedCheckpoints) {
 // batches, samples every 4 steps and a validation every 5, so the data
 // position and the sampling RNG must both carry over.
 TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
-    // 256 micro-batches a step (tens of ms on an idle core): the signal, sent once step 3 or 6 is
-    // seen in the output, must land before the last step starts, also on a loaded machine
-    const std::string flags = " -x 16 --shuffle 1 -s 4 -v 5 -d 32768";
-    RunResult whole = run(base() + flags + " -o " + tmp.file("whole"), tmp);
+    // 128 micro-batches a step (tens of ms): the signal, sent once step 3 or 6 is seen in the
+    // output, must land before the last step starts, also on a loaded machine. One thread: two
+    // OpenMP threads on busy cores wait a time slice at each of the step's many barriers
+    const std::string flags = " -x 16 --shuffle 1 -s 4 -v 5 -d 16384";
+    RunResult whole = knngpt_test::run_with_threads(base() + flags + " -o " + tmp.file("whole"), 1, tmp);
     ASSERT_EQ(whole.exit_code, 0) << whole.err;
     const auto want = step_losses(whole.out);
     ASSERT_EQ(want.size(), 16u);
     for (int sig : {SIGTERM, SIGINT}) {
         const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT", dir = tmp.file("stopped_" + name);
         SCOPED_TRACE(name);
-        Child c = spawn(base() + flags + " -o " + dir, tmp.file("out"), tmp.file("err"));
+        Child c = spawn("env OMP_NUM_THREADS=1 " + base() + flags + " -o " + dir, tmp.file("out"), tmp.file("err"));
         ASSERT_TRUE(wait_for_text(c, c.out, sig == SIGTERM ? "step     3/" : "step     6/", 60)) << slurp(c.out);
         kill(c.pid, sig);
         EXPECT_EQ(wait_for(c), 75) << "(0: the run ended before the signal landed) " << slurp(c.err);
@@ -339,7 +340,7 @@ TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
         EXPECT_EQ(m[2].str(), model_at(dir, at));
         const auto before = step_losses(out);
         ASSERT_EQ(before.size(), (size_t)at) << "the signal's step finished, no other began";
-        RunResult resumed = run(base() + flags + " -o " + dir + " -y 1", tmp);
+        RunResult resumed = knngpt_test::run_with_threads(base() + flags + " -o " + dir + " -y 1", 1, tmp);
         ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
         auto got = before;
         for (const auto& l : step_losses(resumed.out)) got.push_back(l);
@@ -361,8 +362,9 @@ TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
 TEST_F(Reliability, SecondSignalExitsAtOnce) {
     const std::string dir = tmp.file("run");
     // slow steps (512 micro-batches each: about a second on an idle core), so that both
-    // signals land inside one on any machine
-    Child c = spawn(base() + " -x 50 -d 65536 -o " + dir, tmp.file("out"), tmp.file("err"));
+    // signals land inside one on any machine; one thread, as two OpenMP threads on busy
+    // cores make a step take minutes (each of its barriers waits a time slice)
+    Child c = spawn("env OMP_NUM_THREADS=1 " + base() + " -x 50 -d 65536 -o " + dir, tmp.file("out"), tmp.file("err"));
     ASSERT_TRUE(wait_for_text(c, c.out, "step     1/", 120)) << slurp(c.out);
     kill(c.pid, SIGTERM);
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
