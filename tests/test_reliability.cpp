@@ -42,15 +42,18 @@ using namespace knngpt_test;  // run, slurp, step_losses, program_path, exists, 
 bool one_line(const std::string& s) { return !s.empty() && s.find('\n') == s.size() - 1; }
 
 // A program started in the background: `sh -c "exec CMD"`, so the pid is the
-// program's own, with stdout and stderr to files and two OpenMP threads.
-// fsize_limit > 0: RLIMIT_FSIZE of that many bytes, SIGXFSZ ignored, so that a
-// write past it fails with EFBIG as on a full disk.
+// program's own, with stdout and stderr to files and `threads` OpenMP threads
+// (one for a test that depends on timing: on busy cores two threads wait a time
+// slice at each of a step's barriers). fsize_limit > 0: RLIMIT_FSIZE of that
+// many bytes, SIGXFSZ ignored, so that a write past it fails with EFBIG as on a
+// full disk.
 struct Child {
     pid_t pid = -1;
     std::string out, err;
 };
 
-Child spawn(const std::string& cmd, const std::string& out, const std::string& err, rlim_t fsize_limit = 0) {
+Child spawn(const std::string& cmd, const std::string& out, const std::string& err, int threads = 2,
+            rlim_t fsize_limit = 0) {
     Child c{-1, out, err};
     // the files go before the fork: a reader must never see a previous child's output
     std::remove(out.c_str());
@@ -63,7 +66,7 @@ Child spawn(const std::string& cmd, const std::string& out, const std::string& e
             setrlimit(RLIMIT_FSIZE, &limit);
             signal(SIGXFSZ, SIG_IGN);
         }
-        setenv("OMP_NUM_THREADS", "2", 1);
+        setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
         int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(o, 1);
         dup2(e, 2);
@@ -252,7 +255,7 @@ TEST_F(Reliability, DiskFullStopsWithOneLineAndKeepsThePreviousCheckpoint) {
     for (rlim_t limit : {(rlim_t)model2.size() / 2, (rlim_t)model2.size() + 4096}) {
         const bool model_fails = limit < model2.size();
         SCOPED_TRACE(model_fails ? "model write fails" : "state write fails");
-        Child c = spawn(cmd + " -y 1", tmp.file("out"), tmp.file("err"), limit);
+        Child c = spawn(cmd + " -y 1", tmp.file("out"), tmp.file("err"), 2, limit);
         EXPECT_EQ(wait_for(c), 1);
         const std::string err = slurp(c.err);
         EXPECT_TRUE(one_line(err)) << err;
@@ -316,9 +319,8 @@ TEST_F(Reliability, RetentionKeepsExactlyTheExpectedCheckpoints) {
 // batches, samples every 4 steps and a validation every 5, so the data
 // position and the sampling RNG must both carry over.
 TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
-    // 128 micro-batches a step (tens of ms): the signal, sent once step 3 or 6 is seen in the
-    // output, must land before the last step starts, also on a loaded machine. One thread: two
-    // OpenMP threads on busy cores wait a time slice at each of the step's many barriers
+    // 128 micro-batches a step (tens of ms), one thread (spawn): the signal, sent once step 3 or
+    // 6 is seen in the output, must land before the last step starts, also on a loaded machine
     const std::string flags = " -x 16 --shuffle 1 -s 4 -v 5 -d 16384";
     RunResult whole = knngpt_test::run_with_threads(base() + flags + " -o " + tmp.file("whole"), 1, tmp);
     ASSERT_EQ(whole.exit_code, 0) << whole.err;
@@ -327,7 +329,7 @@ TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
     for (int sig : {SIGTERM, SIGINT}) {
         const std::string name = sig == SIGTERM ? "SIGTERM" : "SIGINT", dir = tmp.file("stopped_" + name);
         SCOPED_TRACE(name);
-        Child c = spawn("env OMP_NUM_THREADS=1 " + base() + flags + " -o " + dir, tmp.file("out"), tmp.file("err"));
+        Child c = spawn(base() + flags + " -o " + dir, tmp.file("out"), tmp.file("err"), 1);
         ASSERT_TRUE(wait_for_text(c, c.out, sig == SIGTERM ? "step     3/" : "step     6/", 60)) << slurp(c.out);
         kill(c.pid, sig);
         EXPECT_EQ(wait_for(c), 75) << "(0: the run ended before the signal landed) " << slurp(c.err);
@@ -362,9 +364,8 @@ TEST_F(Reliability, SigtermLeavesACheckpointThatResumesWithTheSameLosses) {
 TEST_F(Reliability, SecondSignalExitsAtOnce) {
     const std::string dir = tmp.file("run");
     // slow steps (512 micro-batches each: about a second on an idle core), so that both
-    // signals land inside one on any machine; one thread, as two OpenMP threads on busy
-    // cores make a step take minutes (each of its barriers waits a time slice)
-    Child c = spawn("env OMP_NUM_THREADS=1 " + base() + " -x 50 -d 65536 -o " + dir, tmp.file("out"), tmp.file("err"));
+    // signals land inside one on any machine; one thread (spawn)
+    Child c = spawn(base() + " -x 50 -d 65536 -o " + dir, tmp.file("out"), tmp.file("err"), 1);
     ASSERT_TRUE(wait_for_text(c, c.out, "step     1/", 120)) << slurp(c.out);
     kill(c.pid, SIGTERM);
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -380,31 +381,32 @@ TEST_F(Reliability, SecondSignalExitsAtOnce) {
 // ranks resumed from it end in the uninterrupted two-rank run's model.
 TEST_F(Reliability, SignalToOneRankStopsBothAtTheSameStep) {
     if (!knngpt_test::have_mpirun()) GTEST_SKIP() << "mpirun not found: install openmpi-bin (tools/install_deps.sh)";
-    // 128 micro-batches a step on each rank (tens of ms), 24 steps: the signal, sent once rank 0's
+    // 256 micro-batches a step on each rank (tens of ms), 24 steps: the signal, sent once rank 0's
     // step 3 has come through mpirun's output forwarding, must land before the last step starts,
     // also on a loaded machine (with sub-millisecond steps a run could finish first)
-    const std::string flags = base() + " -b 2 -x 24 --shuffle 1 -z 1 -d 32768";
+    const int steps = 24;
+    const std::string flags = base() + " -b 2 -x " + std::to_string(steps) + " --shuffle 1 -z 1 -d 32768";
     RunResult whole = knngpt_test::run_with_threads(knngpt_test::mpirun_prefix(2, 120) + flags + " -o " + tmp.file("whole"), 1, tmp);
     ASSERT_EQ(whole.exit_code, 0) << whole.err;
     const std::string dir = tmp.file("stopped");
     // each rank writes its pid, then becomes the trainer
     const std::string rank_cmd = "sh -c 'echo $$ > " + tmp.path + "/pid.$OMPI_COMM_WORLD_RANK; exec " + flags + " -o " +
                                  dir + "'";
-    Child c = spawn("env OMP_NUM_THREADS=1 " + knngpt_test::mpirun_prefix(2, 120) + rank_cmd, tmp.file("out"), tmp.file("err"));
+    Child c = spawn(knngpt_test::mpirun_prefix(2, 120) + rank_cmd, tmp.file("out"), tmp.file("err"), 1);
     ASSERT_TRUE(wait_for_text(c, c.out, "step     3/", 120)) << slurp(c.out) << slurp(c.err);
     const int rank1 = std::stoi(slurp(tmp.path + "/pid.1"));
     kill(rank1, SIGTERM);
     EXPECT_EQ(wait_for(c), 75) << "(0: the run ended before the signal landed) " << slurp(c.err);
     std::smatch m;
     const std::string out = slurp(c.out);
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped by a signal to another rank after step (\\d+) of 24"))) << out;
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("stopped by a signal to another rank after step (\\d+) of " + std::to_string(steps)))) << out;
     const int at = std::stoi(m[1]);
     EXPECT_EQ(step_losses(out).size(), (size_t)at);
     EXPECT_EQ(knngpt::latest_checkpoint(dir), at);
     RunResult resumed = knngpt_test::run_with_threads(knngpt_test::mpirun_prefix(2, 120) + flags + " -o " + dir + " -y 1", 1, tmp);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-    EXPECT_EQ(step_losses(resumed.out).size(), (size_t)(24 - at));
-    EXPECT_EQ(slurp(model_at(dir, 24)), slurp(model_at(tmp.file("whole"), 24)));
+    EXPECT_EQ(step_losses(resumed.out).size(), (size_t)(steps - at));
+    EXPECT_EQ(slurp(model_at(dir, steps)), slurp(model_at(tmp.file("whole"), steps)));
 }
 
 // ---------------------------------------------------------------------------
