@@ -5,7 +5,8 @@
 // merges the runs of other output folders, a
 // checkpoint is evaluated under every setting, the attention meters run on every
 // model (k = T gives error 0, and a rerun skips them), the plots are PNG files,
-// bad input stops with one line, and every flag is documented.
+// bad input stops with one line (a copied tool without its plotting script before it
+// trains), and every flag is documented.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -372,6 +373,7 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
         {command(text, dir, {"exact", "gumbel"}), "the trainer refuses it: train_gpt: error: --attn gumbel has no exact gradient"},
         {command(text, dir, {"exact"}, "--plots 2"), "--plots takes 0 or 1"},
         {command(text, dir, {"exact"}, "--meters 2"), "--meters takes 0 or 1"},
+        {command(text, dir, {"exact"}, "--plot-script " + dir + "/none.py"), "cannot read it (give the path of tools/plot_compare.py, or --plots 0)"},
         {command(text, dir, {"exact"}, "--meter " + dir + "/none"), "not an executable (make build/attn_meter, or --meters 0)"},
         {command(text + ".missing", dir, {"exact"}), "cannot read it"},
         {tool() + " --bogus 1", "unknown flag '--bogus'"},
@@ -385,6 +387,20 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
     }
 }
 
+// A copy of the tool run outside the repository finds no tools/plot_compare.py beside
+// it: it stops before training, naming --plot-script, instead of failing at the end.
+TEST_F(CompareAttention, ACopiedToolWithoutItsPlotScriptStopsBeforeTraining) {
+    const std::string dir = tmp->file("copied");
+    ASSERT_EQ(system(("mkdir -p " + dir + " && cp " + tool() + " " + dir + "/compare_attention").c_str()), 0);
+    std::string cmd = command(text, dir + "/out", {"exact"});
+    cmd.replace(0, tool().size(), dir + "/compare_attention");
+    RunResult r = run_with_threads(cmd, 1, *tmp);
+    EXPECT_EQ(r.exit_code, 1) << cmd;
+    EXPECT_NE(r.err.find("--plot-script "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("/tools/plot_compare.py: cannot read it"), std::string::npos) << r.err;
+    EXPECT_FALSE(exists(dir + "/out/runs/exact_s1337/train.log"));
+}
+
 TEST_F(CompareAttention, EveryFlagIsInHelpAndReadme) {
     RunResult help = run_with_threads(tool() + " -h", 1, *tmp);
     ASSERT_EQ(help.exit_code, 0);
@@ -394,7 +410,7 @@ TEST_F(CompareAttention, EveryFlagIsInHelpAndReadme) {
     ASSERT_NE(section, std::string::npos) << "README.md has no section on compare_attention";
     readme = readme.substr(section, readme.find("\n## ", section + 1) - section);
     for (const char* flag : {"--setting", "--seeds", "--text", "--checkpoint", "--out", "--trainer", "--prepare-data",
-                             "--plots", "--python", "--meters", "--meter", "--meter-flags", "--import", "-h"}) {
+                             "--plots", "--python", "--plot-script", "--meters", "--meter", "--meter-flags", "--import", "-h"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
         EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README's section";

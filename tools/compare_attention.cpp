@@ -81,6 +81,8 @@ evaluates every trained model under every setting (the cross-evaluation matrix);
   --plots 0|1          write the PNG plots with tools/plot_compare.py (default 1; without
                        matplotlib they are skipped, saying so)
   --python PATH        the Python that runs the plots (default /usr/bin/python3)
+  --plot-script PATH   the plotting script (default tools/plot_compare.py of the repository
+                       this program was built in; give it when the binary was copied elsewhere)
   --meters 0|1         run the attention meters on every trained model (or the
                        checkpoint), once per seed (default 1): build/attn_meter on the
                        validation data (--text, else -j among the trainer flags) at the
@@ -253,6 +255,7 @@ Options parse_args(int argc, char** argv) {
         else if (flag == "--trainer") o.trainer = value;
         else if (flag == "--prepare-data") o.prepare_data = value;
         else if (flag == "--python") o.python = value;
+        else if (flag == "--plot-script") o.plot_script = value;
         else if (flag == "--plots") {
             std::string v = value;
             if (v != "0" && v != "1") die("--plots takes 0 or 1");
@@ -294,6 +297,9 @@ Options parse_args(int argc, char** argv) {
     if (!o.text.empty() && access(o.text.c_str(), R_OK) != 0) die("--text " + o.text + ": cannot read it");
     if (!o.checkpoint.empty() && access(o.checkpoint.c_str(), R_OK) != 0)
         die("--checkpoint " + o.checkpoint + ": cannot read it");
+    // checked before any training, so that a long run cannot end without its plots
+    if (o.plots && access(o.plot_script.c_str(), R_OK) != 0)
+        die("--plot-script " + o.plot_script + ": cannot read it (give the path of tools/plot_compare.py, or --plots 0)");
     if (o.meters && access(o.meter.c_str(), X_OK) != 0)
         die("--meter " + o.meter + ": not an executable (make build/attn_meter, or --meters 0)");
     for (const auto& dir : o.imports)
