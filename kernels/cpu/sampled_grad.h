@@ -106,19 +106,21 @@ inline void sampled_grad_walk_starts(int* walk_counts, double* walk_weight, cons
 // exp(s_ij - max_j s_ij), fp64, in key order, s_ij = attention_score (n_i keys).
 // With `panel` (the head's keys packed by topk_pack_head_keys) and a scratch `dots`
 // of 8·ceil(n_i / 8) floats, the scores come from the 8-lane panel routine instead:
-// the same attention_dot chains (topk_panel.h), times tau, so the same cdf.
+// the same attention_dot chains (topk_panel.h), times tau, so the same cdf. With
+// `dots_ready`, dots already holds them (the backward scores four rows in one pass).
 inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const float* keys, int stride, int HS,
-                                       float tau, int n_i, const float* panel = nullptr, float* dots = nullptr) {
+                                       float tau, int n_i, const float* panel = nullptr, float* dots = nullptr,
+                                       bool dots_ready = false) {
     double row_max = -INFINITY;
-    if (panel) {
-        topk_score_chunks(dots, q_i, panel, 0, topk_num_chunks(n_i), HS);
+    if (panel || dots_ready) {
+        if (!dots_ready) topk_score_chunks(dots, q_i, panel, 0, topk_num_chunks(n_i), HS);
         for (int j = 0; j < n_i; j++) {
             cdf[j] = tau * dots[j];
             row_max = std::max(row_max, cdf[j]);
         }
     }
     constexpr int W = 8;  // keys scored side by side (attention_scores: attention_score's chains)
-    for (int j0 = 0; j0 < (panel ? 0 : n_i); j0 += W) {
+    for (int j0 = 0; j0 < (panel || dots_ready ? 0 : n_i); j0 += W) {
         const int count = std::min(W, n_i - j0);
         const float* key_ptrs[W] = {};
         for (int w = 0; w < count; w++) key_ptrs[w] = keys + (size_t)(j0 + w) * stride;
@@ -137,7 +139,7 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
 }
 
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
-// panel, dots: as sampled_grad_exact_row_cdf's (ExactRow; optional).
+// panel, dots, dots_ready: as sampled_grad_exact_row_cdf's (ExactRow; optional).
 // cdf: scratch of max(n_i, k) doubles: the cumulative weights (ExactRow), or the row's
 // head summary, computed once for all its samples (LazyGumbel: lazy_gumbel_head_prepare). Returns exceeders and fallbacks in the counters;
 // margin (tests): the draws' margins (kernels/common/draws.h).
@@ -145,10 +147,10 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
                                      const float* keys, int stride, int HS, float tau, int n_i, const int* topk,
                                      int k, const DrawSite& site, double* cdf, long long* exceeders,
                                      long long* fallbacks, DrawMargin* margin = nullptr, const float* panel = nullptr,
-                                     float* dots = nullptr) {
+                                     float* dots = nullptr, bool dots_ready = false) {
     if (count <= 0) return;
     if (source == GradSampleSource::ExactRow) {
-        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i, panel, dots);
+        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i, panel, dots, dots_ready);
         for (int m = 0; m < count; m++) {
             Philox4 w = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)m);
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
@@ -195,11 +197,14 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<double> dk_head((size_t)T * HS), dv_head((size_t)T * HS), dq_row(HS);  // fp64 sums
         std::vector<double> cdf(std::max(T, k));
-        // ExactRow: the head's keys as 8-lane panels, packed once per (b, h), and the row's scores
-        std::vector<float> panel, dots;
+        // ExactRow: the head's keys as 8-lane panels, packed once per (b, h), and the scores of
+        // four rows at a time, (4, ld_dots): one pass over the panel serves the four (the
+        // panel of a long row is larger than the L2 cache), each lane attention_dot's chain
+        std::vector<float> panel, dots, q4((size_t)4 * HS);
+        const size_t ld_dots = (size_t)topk_num_chunks(T) * kTopkLanes;
         if (source == GradSampleSource::ExactRow) {
             panel.resize((size_t)topk_num_chunks(T) * HS * kTopkLanes);
-            dots.resize((size_t)topk_num_chunks(T) * kTopkLanes);
+            dots.resize(4 * ld_dots);
         }
         std::vector<int> J;
         std::vector<int> walk_counts;         // (HS, T): walks of column c starting at row i
@@ -236,9 +241,18 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                     if (signed_start_dv)
                         for (int c = 0; c < HS; c++) count = std::max(count, walk_counts[(size_t)c * T + i]);
                     J.resize(count);
+                    if (!panel.empty() && i % 4 == 0) {  // rows i..i+3 (the last row repeated past T)
+                        const float* q_rows[4];
+                        for (int r = 0; r < 4; r++) q_rows[r] = qkv + at.q + (size_t)std::min(i + r, T - 1) * C3;
+                        topk_interleave_queries(q4.data(), q_rows, HS);
+                        topk_score_chunks_4q(dots.data(), ld_dots, q4.data(), panel.data(),
+                                             topk_num_chunks(std::min(i + 4, T)), HS);
+                    }
                     sampled_grad_row_samples(J.data(), count, source, q_i, keys, C3, HS, tau, n_i, topk, k, site,
                                              cdf.data(), &total_exceeders, &total_fallbacks, margin_or_null,
-                                             panel.empty() ? nullptr : panel.data(), dots.data());
+                                             panel.empty() ? nullptr : panel.data(),
+                                             dots.empty() ? nullptr : dots.data() + (size_t)(i % 4) * ld_dots,
+                                             !panel.empty());
                     total_samples += count;
 
                     // Delta_i = dO_i . O_i from the given out
