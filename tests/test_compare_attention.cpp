@@ -41,9 +41,10 @@ std::string meter() { return knngpt_test::build_dir() + "/attn_meter"; }
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 
 // The tool's command line: the test's programs, one seed unless told, no plots unless told.
+// the tool's command line; `binary` names another copy of the tool (default: the built one)
 std::string command(const std::string& text, const std::string& out, const std::vector<std::string>& settings,
-                    const std::string& extra = "", const std::string& base = kBase) {
-    std::string cmd = tool() + " --trainer " + program_path("train_gpt_cpu") + " --prepare-data " +
+                    const std::string& extra = "", const std::string& base = kBase, const std::string& binary = "") {
+    std::string cmd = (binary.empty() ? tool() : binary) + " --trainer " + program_path("train_gpt_cpu") + " --prepare-data " +
                       program_path("prepare_data") + " --meter " + meter() + " --text " + text + " --out " + out;
     for (const auto& s : settings) cmd += " --setting " + quote(s);
     return cmd + " " + extra + " -- " + base;
@@ -391,9 +392,8 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
 // it: it stops before training, naming --plot-script, instead of failing at the end.
 TEST_F(CompareAttention, ACopiedToolWithoutItsPlotScriptStopsBeforeTraining) {
     const std::string dir = tmp->file("copied");
-    ASSERT_EQ(system(("mkdir -p " + dir + " && cp " + tool() + " " + dir + "/compare_attention").c_str()), 0);
-    std::string cmd = command(text, dir + "/out", {"exact"});
-    cmd.replace(0, tool().size(), dir + "/compare_attention");
+    ASSERT_EQ(std::system(("mkdir -p " + dir + " && cp " + tool() + " " + dir + "/compare_attention").c_str()), 0);
+    const std::string cmd = command(text, dir + "/out", {"exact"}, "", kBase, dir + "/compare_attention");
     RunResult r = run_with_threads(cmd, 1, *tmp);
     EXPECT_EQ(r.exit_code, 1) << cmd;
     EXPECT_NE(r.err.find("--plot-script "), std::string::npos) << r.err;
