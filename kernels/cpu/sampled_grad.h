@@ -114,10 +114,21 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
     double row_max = -INFINITY;
     if (panel || dots_ready) {
         if (!dots_ready) topk_score_chunks(dots, q_i, panel, 0, topk_num_chunks(n_i), HS);
-        for (int j = 0; j < n_i; j++) {
+        // the row's largest score in eight running maxima (one would be a chain of
+        // dependent max instructions as long as the row); the same value in any order
+        float lane_max[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int j = 0;
+        for (; j + 8 <= n_i; j += 8)
+            for (int l = 0; l < 8; l++) {
+                const float x = tau * dots[j + l];
+                cdf[j + l] = x;
+                lane_max[l] = std::max(lane_max[l], x);
+            }
+        for (; j < n_i; j++) {
             cdf[j] = tau * dots[j];
-            row_max = std::max(row_max, cdf[j]);
+            lane_max[0] = std::max(lane_max[0], tau * dots[j]);
         }
+        for (int l = 0; l < 8; l++) row_max = std::max(row_max, (double)lane_max[l]);
     }
     constexpr int W = 8;  // keys scored side by side (attention_scores: attention_score's chains)
     for (int j0 = 0; j0 < (panel || dots_ready ? 0 : n_i); j0 += W) {
