@@ -184,13 +184,14 @@ inline float topk_order_float(int32_t key) {
 // The k-th largest of key[0..n) (1 <= k <= n): the largest v with at least k keys >= v,
 // by bisection over the int32 range, each step a vectorised count (no data-dependent
 // branches, unlike a quickselect on ~100 values).
-inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k) {
+// With max_steps >= 0, stops after that many steps and returns lo: a lower bound of it.
+inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k, int max_steps = -1) {
     int32_t lo = key[0], hi = key[0];
     for (int u = 1; u < n; u++) {
         lo = std::min(lo, key[u]);
         hi = std::max(hi, key[u]);
     }
-    while (lo < hi) {  // invariant: at least k keys >= lo, fewer than k keys > hi
+    for (int step = 0; lo < hi && step != max_steps; step++) {  // invariant: at least k keys >= lo, fewer than k keys > hi
         const int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
         int count = 0;
         #pragma omp simd reduction(+ : count)
@@ -211,6 +212,7 @@ inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k) {
 // is then at least twice what is left, so rows with many ties prune rarely too.
 constexpr int kTopkKeepExtra = 64;  // kept grows by at least this between prunes
 constexpr int kTopkKeepGroup = 32;  // keys per vectorised test against t
+constexpr int kTopkPruneSteps = 8;  // bisection steps of a prune before the last
 
 struct TopkBruteRow {
     std::vector<TopkCandidate> kept;
@@ -234,10 +236,10 @@ struct TopkBruteRow {
         if (kept.size() < (size_t)cap + kTopkKeepGroup) kept.resize((size_t)cap + kTopkKeepGroup);
     }
     // kth = the k-th largest kept score (n_kept >= k), t from it, the keys below t dropped
-    void prune() {
+    void prune(int max_steps = kTopkPruneSteps) {
         work.resize((size_t)n_kept);
         for (int u = 0; u < n_kept; u++) work[u] = topk_order_key(kept[u].score);
-        kth = topk_order_float(topk_kth_largest_key(work.data(), n_kept, k));
+        kth = topk_order_float(topk_kth_largest_key(work.data(), n_kept, k, max_steps));
         t = topk_brute_threshold(kth, delta);
         int m = 0;
         for (int u = 0; u < n_kept; u++) {
@@ -284,7 +286,7 @@ struct TopkBruteRow {
     // the final t: kept then holds exactly the candidates (the row has > k keys, all
     // offered), whose keys go to cand[0..n_kept)
     void finish() {
-        prune();
+        prune(-1);
         cand.resize((size_t)n_kept);
         for (int u = 0; u < n_kept; u++) cand[u] = kept[u].key;
     }
