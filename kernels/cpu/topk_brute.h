@@ -204,20 +204,22 @@ inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k, int max_st
     return lo;
 }
 
-// One row of the fast search. kept[0..n_kept) holds, in ascending key order, every key
-// whose fast score reached t at its time; t = topk_brute_threshold(kth, delta), kth the k-th
-// largest score among the kept keys at the last prune (-inf before). kth never exceeds
-// the final f_k and only rises, so does t: the keys with f >= the final t are all kept.
-// A prune (when n_kept reaches cap) recomputes kth and t and drops the keys below t; cap
-// is then at least twice what is left, so rows with many ties prune rarely too.
+// One row of the fast search. kept_key[0..n_kept) holds, in ascending key order, every key
+// whose fast score reached t at its time, kept_order[u] its score's topk_order_key (-0 as +0,
+// so that the integer order is the float order, equal scores included); t =
+// topk_brute_threshold(kth, delta), kth the k-th largest score among the kept keys at the
+// last prune (-inf before). A prune before the last may take a lower bound of that k-th
+// (kTopkPruneSteps of bisection): any lower t keeps every key the final t keeps. kth never
+// exceeds the final f_k and only rises, so does t: the keys with f >= the final t are all
+// kept. A prune (when n_kept reaches cap) recomputes kth and t and drops the keys below t;
+// cap is then at least twice what is left, so rows with many ties prune rarely too.
 constexpr int kTopkKeepExtra = 64;  // kept grows by at least this between prunes
 constexpr int kTopkKeepGroup = 32;  // keys per vectorised test against t
 constexpr int kTopkPruneSteps = 8;  // bisection steps of a prune before the last
 
 struct TopkBruteRow {
-    std::vector<TopkCandidate> kept;
-    std::vector<int32_t> work;  // the scores' order keys, for the selection of kth
-    std::vector<int> cand;    // the candidates' keys, after finish
+    std::vector<int32_t> kept_order;  // the kept scores' order keys
+    std::vector<int> kept_key;        // the kept keys; after finish, the candidates
     int k = 1, n_kept = 0, cap = 0;
     float kth = -INFINITY, t = -INFINITY;
     double delta = 0.0;
@@ -233,18 +235,22 @@ struct TopkBruteRow {
     }
     void set_cap(int c) {
         cap = c;
-        if (kept.size() < (size_t)cap + kTopkKeepGroup) kept.resize((size_t)cap + kTopkKeepGroup);
+        if (kept_key.size() < (size_t)cap + kTopkKeepGroup) {
+            kept_key.resize((size_t)cap + kTopkKeepGroup);
+            kept_order.resize((size_t)cap + kTopkKeepGroup);
+        }
     }
-    // kth = the k-th largest kept score (n_kept >= k), t from it, the keys below t dropped
+    // kth = the k-th largest kept score (n_kept >= k; a lower bound of it after max_steps
+    // bisection steps), t from it, the keys below t dropped
     void prune(int max_steps = kTopkPruneSteps) {
-        work.resize((size_t)n_kept);
-        for (int u = 0; u < n_kept; u++) work[u] = topk_order_key(kept[u].score);
-        kth = topk_order_float(topk_kth_largest_key(work.data(), n_kept, k, max_steps));
+        kth = topk_order_float(topk_kth_largest_key(kept_order.data(), n_kept, k, max_steps));
         t = topk_brute_threshold(kth, delta);
+        const int32_t t_order = topk_order_key(t + 0.0f);
         int m = 0;
         for (int u = 0; u < n_kept; u++) {
-            kept[m] = kept[u];
-            m += kept[u].score >= t;
+            kept_order[m] = kept_order[u];
+            kept_key[m] = kept_key[u];
+            m += kept_order[u] >= t_order;
         }
         n_kept = m;
         set_cap(std::max(k + kTopkKeepExtra, 2 * n_kept));
@@ -275,21 +281,17 @@ struct TopkBruteRow {
     }
     // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= tt onto kept, branch-free
     void append(const float* f, int g, int first_key, float tt) {
-        TopkCandidate* out = kept.data();
         int m = n_kept;
         for (int l = 0; l < g; l++) {
-            out[m] = {f[l], first_key + l};
+            kept_order[m] = topk_order_key(f[l] + 0.0f);
+            kept_key[m] = first_key + l;
             m += f[l] >= tt;
         }
         n_kept = m;
     }
-    // the final t: kept then holds exactly the candidates (the row has > k keys, all
-    // offered), whose keys go to cand[0..n_kept)
-    void finish() {
-        prune(-1);
-        cand.resize((size_t)n_kept);
-        for (int u = 0; u < n_kept; u++) cand[u] = kept[u].key;
-    }
+    // the final t: kept_key[0..n_kept) then holds exactly the candidates (the row has > k
+    // keys, all offered)
+    void finish() { prune(-1); }
 };
 
 // The sgemm search (see the header comment); the same lists as causal_topk_brute_reference.
@@ -362,7 +364,7 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                     auto candidates = [&](int i, const int*& list) {
                         TopkBruteRow& row = state[i - i_search];
                         if (row.fast_ok) {
-                            list = row.cand.data();
+                            list = row.kept_key.data();
                             return row.n_kept;
                         }
                         all_keys.resize((size_t)i + 1);
@@ -377,7 +379,7 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                         if (i + 1 < i1 && state[i + 1 - i_search].fast_ok) {
                             const TopkBruteRow& next = state[i + 1 - i_search];
                             for (int u = 0; u < next.n_kept; u++)
-                                for (int d = 0; d < HS; d += 16) __builtin_prefetch(k_head + (size_t)next.cand[u] * HS + d);
+                                for (int d = 0; d < HS; d += 16) __builtin_prefetch(k_head + (size_t)next.kept_key[u] * HS + d);
                         }
                         const int* cand = nullptr;
                         const int n = candidates(i, cand), chunks = topk_num_chunks(n);
