@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -614,6 +615,33 @@ TEST(TopkBrute, SgemmSearchEqualsTheFullSortOnIntegerScores) {
     const Shape s{2, 150, 24, 3};
     const vector<float> qkv = integer_qkv(s, 9, 2);
     for (int k : {1, 4, 33}) EXPECT_EQ(run_brute_sgemm(qkv, s, k), reference_topk_exact(qkv, s, k)) << "k=" << k;
+}
+
+TEST(TopkBrute, AShortBisectionGivesALowerBoundOfTheKthLargest) {
+    // the prunes before the last stop the bisection early: their threshold must stay at or
+    // below the exact k-th largest (so no key the final threshold keeps is dropped), and
+    // the exact call must equal a sort's answer; ties, negatives and a narrow range included
+    std::mt19937 rng(77);
+    long long below = 0, calls = 0;
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 1 + (int)(rng() % 300), k = 1 + (int)(rng() % n);
+        const int spread = trial % 4 == 0 ? 3 : (trial % 4 == 1 ? 1000 : 2000000000);
+        vector<int32_t> key(n);
+        for (int32_t& x : key) x = (int32_t)((long long)(rng() % (2u * (unsigned)spread + 1)) - spread);
+        vector<int32_t> sorted = key;
+        std::sort(sorted.begin(), sorted.end(), std::greater<int32_t>());
+        const int32_t exact = sorted[k - 1];
+        EXPECT_EQ(cpu::topk_kth_largest_key(key.data(), n, k), exact) << "n " << n << " k " << k;
+        for (int steps : {0, 1, 4, 8, 20}) {
+            const int32_t bound = cpu::topk_kth_largest_key(key.data(), n, k, steps);
+            EXPECT_LE(bound, exact) << "n " << n << " k " << k << " steps " << steps;
+            EXPECT_GE(std::count_if(key.begin(), key.end(), [&](int32_t x) { return x >= bound; }), k);
+            below += bound < exact;
+            calls++;
+        }
+    }
+    std::printf("  %lld of %lld short bisections below the exact k-th\n", below, calls);
+    EXPECT_GT(below, 0);  // the early stop is exercised
 }
 
 TEST(TopkBrute, RescoresAboutKKeysPerRow) {
