@@ -194,12 +194,14 @@ std::vector<Mode> all_modes(int k, int s) {
         mode("knn/cluster", AttnMode::Knn, I::Cluster, 0, AttnGrad::Exact),
         mode("knn-tail/block", AttnMode::KnnTail, I::Block, k, AttnGrad::Exact),
         mode("gumbel/block", AttnMode::Gumbel, I::Block, 0, AttnGrad::Sampled),
+        mode("gumbel/brute", AttnMode::Gumbel, I::Brute, 0, AttnGrad::Sampled),
         mode("kmv", AttnMode::Kmv, I::Brute, k, AttnGrad::Exact),
         mode("exact+sampled-grad", AttnMode::Exact, I::Brute, 0, AttnGrad::Sampled),
         mode("knn/block+sampled-grad", AttnMode::Knn, I::Block, 0, AttnGrad::Sampled),
+        mode("knn/brute+sampled-grad", AttnMode::Knn, I::Brute, 0, AttnGrad::Sampled),
     };
-    modes[0].k_dependent = false;
-    modes[8].k_dependent = false;  // exact-row samples: no top-k
+    // exact, and the exact-row samples: no top-k
+    for (Mode& m : modes) m.k_dependent = m.name != "exact" && m.name != "exact+sampled-grad";
     return modes;
 }
 
