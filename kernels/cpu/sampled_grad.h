@@ -104,34 +104,26 @@ inline void sampled_grad_walk_starts(int* walk_counts, double* walk_weight, cons
 
 // The exact-row sampler's cumulative weights of query i: cdf[l] = sum_{j<=l}
 // exp(s_ij - max_j s_ij), fp64, in key order, s_ij = attention_score (n_i keys).
-// With `panel` (the head's keys packed by topk_pack_head_keys) and a scratch `dots`
-// of 8·ceil(n_i / 8) floats, the scores come from the 8-lane panel routine instead:
-// the same attention_dot chains (topk_panel.h), times tau, so the same cdf. With
-// `dots_ready`, dots already holds them (the backward scores four rows in one pass).
+// With `row_dots`, the row's attention_dot values are given (the backward scores four
+// rows per pass over the head's 8-lane key panel: the same chains, topk_panel.h), and
+// s_ij = tau * row_dots[j], so the same cdf.
 inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const float* keys, int stride, int HS,
-                                       float tau, int n_i, const float* panel = nullptr, float* dots = nullptr,
-                                       bool dots_ready = false) {
+                                       float tau, int n_i, const float* row_dots = nullptr) {
     double row_max = -INFINITY;
-    if (panel || dots_ready) {
-        if (!dots_ready) topk_score_chunks(dots, q_i, panel, 0, topk_num_chunks(n_i), HS);
+    if (row_dots) {
         // the row's largest score in eight running maxima (one would be a chain of
         // dependent max instructions as long as the row); the same value in any order
         float lane_max[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        int j = 0;
-        for (; j + 8 <= n_i; j += 8)
-            for (int l = 0; l < 8; l++) {
-                const float x = tau * dots[j + l];
-                cdf[j + l] = x;
+        for (int j0 = 0; j0 < n_i; j0 += 8)
+            for (int l = 0; l < std::min(8, n_i - j0); l++) {
+                const float x = tau * row_dots[j0 + l];
+                cdf[j0 + l] = x;
                 lane_max[l] = std::max(lane_max[l], x);
             }
-        for (; j < n_i; j++) {
-            cdf[j] = tau * dots[j];
-            lane_max[0] = std::max(lane_max[0], tau * dots[j]);
-        }
         for (int l = 0; l < 8; l++) row_max = std::max(row_max, (double)lane_max[l]);
     }
     constexpr int W = 8;  // keys scored side by side (attention_scores: attention_score's chains)
-    for (int j0 = 0; j0 < (panel || dots_ready ? 0 : n_i); j0 += W) {
+    for (int j0 = 0; j0 < (row_dots ? 0 : n_i); j0 += W) {
         const int count = std::min(W, n_i - j0);
         const float* key_ptrs[W] = {};
         for (int w = 0; w < count; w++) key_ptrs[w] = keys + (size_t)(j0 + w) * stride;
@@ -150,18 +142,18 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
 }
 
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).
-// panel, dots, dots_ready: as sampled_grad_exact_row_cdf's (ExactRow; optional).
+// row_dots: as sampled_grad_exact_row_cdf's (ExactRow; optional).
 // cdf: scratch of max(n_i, k) doubles: the cumulative weights (ExactRow), or the row's
 // head summary, computed once for all its samples (LazyGumbel: lazy_gumbel_head_prepare). Returns exceeders and fallbacks in the counters;
 // margin (tests): the draws' margins (kernels/common/draws.h).
 inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source, const float* q_i,
                                      const float* keys, int stride, int HS, float tau, int n_i, const int* topk,
                                      int k, const DrawSite& site, double* cdf, long long* exceeders,
-                                     long long* fallbacks, DrawMargin* margin = nullptr, const float* panel = nullptr,
-                                     float* dots = nullptr, bool dots_ready = false) {
+                                     long long* fallbacks, DrawMargin* margin = nullptr,
+                                     const float* row_dots = nullptr) {
     if (count <= 0) return;
     if (source == GradSampleSource::ExactRow) {
-        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i, panel, dots, dots_ready);
+        sampled_grad_exact_row_cdf(cdf, q_i, keys, stride, HS, tau, n_i, row_dots);
         for (int m = 0; m < count; m++) {
             Philox4 w = philox_draw(site, DRAW_GRADIENT_SAMPLE, (uint32_t)m);
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
@@ -261,9 +253,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                     }
                     sampled_grad_row_samples(J.data(), count, source, q_i, keys, C3, HS, tau, n_i, topk, k, site,
                                              cdf.data(), &total_exceeders, &total_fallbacks, margin_or_null,
-                                             panel.empty() ? nullptr : panel.data(),
-                                             dots.empty() ? nullptr : dots.data() + (size_t)(i % 4) * ld_dots,
-                                             !panel.empty());
+                                             panel.empty() ? nullptr : dots.data() + (size_t)(i % 4) * ld_dots);
                     total_samples += count;
 
                     // Delta_i = dO_i . O_i from the given out
