@@ -40,8 +40,8 @@ std::string meter() { return knngpt_test::build_dir() + "/attn_meter"; }
 
 std::string quote(const std::string& s) { return "'" + s + "'"; }
 
-// The tool's command line: the test's programs, one seed unless told, no plots unless told.
-// the tool's command line; `binary` names another copy of the tool (default: the built one)
+// The tool's command line: the test's programs, one seed unless told, no plots unless told;
+// `binary` names another copy of the tool (default: the built one).
 std::string command(const std::string& text, const std::string& out, const std::vector<std::string>& settings,
                     const std::string& extra = "", const std::string& base = kBase, const std::string& binary = "") {
     std::string cmd = (binary.empty() ? tool() : binary) + " --trainer " + program_path("train_gpt_cpu") + " --prepare-data " +
