@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -146,12 +148,13 @@ struct Lists {
     const float* logw_row(const Shape& s, int b, int h, int i) const { return logw.data() + row(s, b, h, i); }
 };
 
-Lists select(const std::vector<float>& qkv, const Shape& s, int max_keys, const KmvParams& p) {
+Lists select(const std::vector<float>& qkv, const Shape& s, int max_keys, const KmvParams& p,
+             KmvScoring scoring = KmvScoring::Fast) {
     Lists l;
     l.K = max_keys;
     l.idx.assign((size_t)s.B * s.NH * s.T * max_keys, -7);
     l.logw.assign(l.idx.size(), -7.0f);
-    kmv_select_keys(l.idx.data(), l.logw.data(), qkv.data(), s.B, s.T, s.C, s.NH, max_keys, p, &l.stats);
+    kmv_select_keys(l.idx.data(), l.logw.data(), qkv.data(), s.B, s.T, s.C, s.NH, max_keys, p, &l.stats, scoring);
     return l;
 }
 
@@ -418,6 +421,92 @@ TEST(KmvSelectKeys, EveryEntryHeavyKeepsTheLargestKernelValuesWithinTheBudget) {
         }
         EXPECT_EQ(l.stats.heavy, (long long)(s.T - max_keys) * budget);
     }
+}
+
+TEST(KmvKthLargestLowerBound, IsAtMostTheKthOfASortedCopyWithinTheBisectionsResolution) {
+    // 16 halvings of [min, max] in order-key space leave the bound at most
+    // (key(max) - key(min)) / 2^16 + 1 keys below the k-th largest
+    std::mt19937_64 rng(5);
+    std::vector<int32_t> order;
+    for (int trial = 0; trial < 300; trial++) {
+        const int n = 2 + (int)(rng() % 3000);
+        const int k = 1 + (int)(rng() % n);
+        std::vector<float> x(n);
+        const bool few = trial % 2 == 0;  // 7 distinct values: many ties
+        for (float& v : x) v = few ? (float)(1 + rng() % 7) : (float)std::ldexp((double)(rng() % (1 << 20)), -10) - 512.0f;
+        if (trial % 5 == 0) std::sort(x.begin(), x.end());
+        std::vector<float> sorted = x;
+        std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+        const float bound = kmv_kth_largest_lower_bound(x.data(), n, k, order);
+        ASSERT_LE(bound, sorted[k - 1]) << "n " << n << " k " << k;
+        const int64_t range = (int64_t)topk_order_key(sorted.front()) - topk_order_key(sorted.back());
+        ASSERT_LE((int64_t)topk_order_key(sorted[k - 1]) - topk_order_key(bound), (range >> kKmvBudgetSteps) + 1)
+            << "n " << n << " k " << k;
+    }
+}
+
+TEST(KmvSelectKeys, FastScoringGivesTheReferenceListsBitForBit) {
+    // the fp32 first pass (sgemm on dense blocks, a dot per candidate on sparse ones)
+    // decides which candidates get the double dot; the lists must not change. Inputs:
+    // tiny norms (every pair collides and is heavy: the dense path, the budget decides),
+    // unit and large norms, planted clusters (few candidates: the sparse path), and keys
+    // on a coarse grid with repeated rows (exact ties in both precisions).
+    const Shape s{2, 150, 32, 2};
+    std::vector<std::pair<const char*, std::vector<float>>> inputs;
+    inputs.emplace_back("tiny norms", gaussian_qkv(s, 0.05, 21));
+    inputs.emplace_back("unit norms", gaussian_qkv(s, 1.0, 22));
+    inputs.emplace_back("large norms", gaussian_qkv(s, 4.0, 23));
+    inputs.emplace_back("planted", planted_qkv(s, 6, 24));
+    std::vector<float> grid = gaussian_qkv(s, 0.3, 25);
+    for (float& x : grid) x = std::round(x * 4.0f) / 4.0f;
+    for (int b = 0; b < s.B; b++)  // every third key row of each head repeats the one before it
+        for (int i = 1; i < s.T; i += 3)
+            for (int c = s.C; c < 2 * s.C; c++)
+                grid[((size_t)b * s.T + i) * 3 * s.C + c] = grid[((size_t)b * s.T + i - 1) * 3 * s.C + c];
+    inputs.emplace_back("grid with ties", grid);
+    std::vector<float> near = gaussian_qkv(s, 0.3, 26);  // repeats moved by an ulp: fp32 and double may order them apart
+    for (int b = 0; b < s.B; b++)
+        for (int i = 1; i < s.T; i += 2)
+            for (int c = s.C; c < 2 * s.C; c++) {
+                const float before = near[((size_t)b * s.T + i - 1) * 3 * s.C + c];
+                near[((size_t)b * s.T + i) * 3 * s.C + c] = c % 5 == 0 ? std::nextafter(before, 1.0f) : before;
+            }
+    inputs.emplace_back("near ties", near);
+    long long fast_checks = 0, reference_checks = 0;
+    for (const auto& [name, qkv] : inputs) {
+        for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
+            for (int light : {0, 5, 12}) {  // budgets 12, 7 and 0
+                for (int tables : {2, 8}) {
+                    for (float alpha : {0.1f, 1.0f / 3, 1.0f}) {
+                        KmvParams p;
+                        p.threshold = threshold;
+                        p.light_samples = light;
+                        p.num_tables = tables;
+                        p.heavy_alpha = alpha;
+                        p.seed = 7 + tables;
+                        const Lists fast = select(qkv, s, 12, p, KmvScoring::Fast);
+                        const Lists reference = select(qkv, s, 12, p, KmvScoring::Reference);
+                        const std::string what = std::string(name) + ", " +
+                                                 (threshold == KmvThreshold::Absolute ? "absolute" : "relative") +
+                                                 ", m " + std::to_string(light) + ", tables " +
+                                                 std::to_string(tables) + ", alpha " + std::to_string(alpha);
+                        ASSERT_EQ(fast.idx, reference.idx) << what;
+                        ASSERT_EQ(0, std::memcmp(fast.logw.data(), reference.logw.data(),
+                                                 fast.logw.size() * sizeof(float))) << what;
+                        EXPECT_EQ(fast.stats.heavy, reference.stats.heavy) << what;
+                        EXPECT_EQ(fast.stats.candidates, reference.stats.candidates) << what;
+                        EXPECT_EQ(reference.stats.exact_checks, reference.stats.candidates) << what;
+                        EXPECT_LE(fast.stats.exact_checks, fast.stats.candidates) << what;
+                        fast_checks += fast.stats.exact_checks;
+                        reference_checks += reference.stats.exact_checks;
+                    }
+                }
+            }
+        }
+    }
+    // the point of the first pass: most candidates never need the double dot
+    EXPECT_LT(fast_checks * 2, reference_checks);
+    std::printf("double dots: fast %lld, reference %lld (every candidate)\n", fast_checks, reference_checks);
 }
 
 TEST(KmvSelectKeys, CandidateCountMatchesTheE2lshCollisionProbability) {

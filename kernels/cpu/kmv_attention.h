@@ -39,13 +39,15 @@
 // is found with probability >= 1 - (1 - 1/L)^L >= 1 - 1/e over L = num_tables
 // tables, and heavier (closer) pairs more often — the "collide with
 // probability ~ n^-alpha per table, n^alpha tables" of §7.4 with the table count
-// given. The tables are built once per (b, h) and extended causally: key i
-// joins its buckets just before query i looks, so a bucket holds exactly the
-// keys j <= i. The padded coordinate depends on R_i, so at a row where the
-// prefix maximum of |k_j| grows the buckets are cleared and keys 0..i hashed
-// again (O(log T) such rows for keys in random order, the prefix maxima of an
-// exchangeable sequence; up to T if key norms only grow). The candidate sets
-// are those of hashing every row's keys afresh with its own R_i.
+// given. The tables are built once per (b, h) and read causally: a bucket
+// lists its keys in ascending j, and query i reads them while j <= i. The
+// padded coordinate depends on R_i, so they are built once per segment of rows
+// sharing R_i, over the keys up to the segment's end (O(log T) segments for
+// keys in random order, the prefix maxima of an exchangeable sequence; up to T
+// if key norms only grow). The candidate sets are those of hashing every row's
+// keys afresh with its own R_i. Each candidate is checked exactly; KmvScoring
+// (below) says how an fp32 first pass spares most of them the double dot
+// without changing a list.
 //
 // ApproxLight: uniform sampling without replacement over the light keys
 // L_i = {0..i} \ H_i (the "uniform, weight |L_i| / m" option). [P2] samples
@@ -97,11 +99,13 @@
 // thresholds, kmv_select_keys at K slots, m light samples) with their mass and
 // the LSH candidates checked. O(T^2 D) per (b, h), a diagnostic.
 //
-// Work per (b, h): projections O(T L num_bits D), O(i L num_bits) hashing per
-// rebuild at row i; per row O(L num_bits + bucket entries + candidates D +
-// m (Philox + log m)); no T x T buffer. Where nearly every entry is heavy (a
-// flat kernel, assumption A failing: ĉ grows like n) each table proposes a
-// constant fraction of the prefix and the work is O(T^2 D), like exact attention.
+// Work per (b, h): projections O(T L num_bits D), O(e L num_bits) hashing for
+// a segment ending at row e; per row O(L num_bits + bucket entries + candidates
+// + (candidates near the cut) D + m (Philox + log m)), plus an fp32 score per
+// candidate: a dot each, or on blocks dense in candidates a (64, T) sgemm
+// (64 T D per block). Where nearly every entry is heavy (a flat kernel,
+// assumption A failing: ĉ grows like n) each table proposes a constant fraction
+// of the prefix and the work is O(T^2 D), like exact attention's.
 // measure_assumption_a is O(T^2 D) with a T (T + 1) / 2 buffer (a diagnostic).
 // OpenMP over (b, h); all draws are pure functions of the site, so the lists do
 // not depend on the thread count.
@@ -120,6 +124,7 @@
 #include "kernels/common/attention_params.h"
 #include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/topk_brute.h"
 
 namespace knngpt::cpu {
 
@@ -131,7 +136,8 @@ struct KmvStats {
     long long heavy = 0;          // heavy keys kept in the lists
     long long light_samples = 0;  // light samples placed
     long long rows = 0;           // rows estimated (heavy + light)
-    long long candidates = 0;     // distinct causal LSH candidates checked exactly
+    long long candidates = 0;     // distinct causal LSH candidates, each checked against the threshold
+    long long exact_checks = 0;   // of them, those whose log K_ij was taken in double (KmvScoring)
     long long table_builds = 0;   // (re)builds of the hash tables, over the heads (one per growth of R_i)
 };
 
@@ -238,53 +244,65 @@ inline double kmv_dot_lanes(const float* a, const float* b, int n) {
     return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
-// Per-table bucket chains over the keys inserted so far: an open-addressing map
-// from bucket id to the first and last key of a chain, next_key[j] linking the
-// keys of one bucket in the order they were inserted (ascending j).
-struct KmvBucketTable {
+// One table's buckets over the keys of a segment of rows that share R_i: every key
+// j < segment_end, grouped by bucket, ascending j within a bucket (a counting sort),
+// behind an open-addressing map from bucket id to the bucket's range. A query reads
+// its bucket's keys while j <= i: contiguous reads, and the keys after i are never
+// touched.
+struct KmvBucketIndex {
     int capacity_mask = 0;
-    std::vector<uint64_t> id;
-    std::vector<int> first, last;  // -1: empty slot
-    std::vector<int> next_key;     // (T), -1 ends a chain
+    std::vector<uint64_t> id;    // per slot: the bucket id
+    std::vector<int> bucket_of;  // per slot: the bucket's number, -1 for an empty slot
+    std::vector<int> start;      // (buckets + 1): bucket b's keys are keys[start[b] .. start[b + 1])
+    std::vector<int> keys;       // (segment_end)
+    std::vector<int> key_bucket, fill;
 
-    void reset(int T) {
-        int capacity = 16;
-        while (capacity < 2 * T) capacity *= 2;
-        capacity_mask = capacity - 1;
-        id.assign(capacity, 0);
-        first.assign(capacity, -1);
-        last.assign(capacity, -1);
-        next_key.assign(T, -1);
-    }
-    void clear() { std::fill(first.begin(), first.end(), -1); }
     int slot_of(uint64_t bucket) const {  // its slot, or the empty slot where it would go
         int s = (int)(bucket & (uint64_t)capacity_mask);
-        while (first[s] >= 0 && id[s] != bucket) s = (s + 1) & capacity_mask;
+        while (bucket_of[s] >= 0 && id[s] != bucket) s = (s + 1) & capacity_mask;
         return s;
     }
-    void append(uint64_t bucket, int j) {
-        const int s = slot_of(bucket);
-        next_key[j] = -1;
-        if (first[s] < 0) {
-            id[s] = bucket;
-            first[s] = j;
-        } else {
-            next_key[last[s]] = j;
+    // key_ids[j]: the bucket id of key j, for j < n
+    void build(const uint64_t* key_ids, int n) {
+        int capacity = 16;
+        while (capacity < 2 * n) capacity *= 2;
+        capacity_mask = capacity - 1;
+        id.resize(capacity);
+        bucket_of.assign(capacity, -1);
+        key_bucket.resize(n);
+        start.assign(1, 0);
+        for (int j = 0; j < n; j++) {
+            const int s = slot_of(key_ids[j]);
+            if (bucket_of[s] < 0) {
+                id[s] = key_ids[j];
+                bucket_of[s] = (int)start.size() - 1;
+                start.push_back(0);
+            }
+            key_bucket[j] = bucket_of[s];
+            start[key_bucket[j] + 1]++;
         }
-        last[s] = j;
+        for (size_t b = 1; b < start.size(); b++) start[b] += start[b - 1];
+        fill.assign(start.begin(), start.end() - 1);
+        keys.resize(n);
+        for (int j = 0; j < n; j++) keys[fill[key_bucket[j]]++] = j;
     }
-    int chain(uint64_t bucket) const { return first[slot_of(bucket)]; }  // -1 when empty
+    // the bucket's keys as [first, last), or an empty range
+    std::pair<const int*, const int*> range(uint64_t bucket) const {
+        const int b = bucket_of[slot_of(bucket)];
+        if (b < 0) return {nullptr, nullptr};
+        return {keys.data() + start[b], keys.data() + start[b + 1]};
+    }
 };
 
 // FindHeavy's candidate stage for one head. q and k point at row 0 of the
 // head's query and key channels, rows `stride` floats apart. key_norm2[j] =
 // |k_j|^2 and prefix_radius2[i] = R_i^2. For each query i in [first_row, T)
-// calls visit(i, candidates): the distinct keys j <= i that share a bucket with
+// calls visit(i, candidates, count): the distinct keys j <= i that share a bucket with
 // q'_i in some table (in table order, then ascending j). The tables are built
-// once and extended causally: before query i, key i is appended (its bucket
-// chains hold exactly the keys j <= i); only at a row where R_i grows are they
-// cleared and keys 0..i appended again with the new padding. Returns the number
-// of such (re)builds.
+// once per segment of rows with the same R_i (once per (b, h) unless the prefix
+// maximum of |k_j| grows), over the keys up to the segment's end, padded with
+// that R; query i reads only the keys j <= i of its buckets. Returns the number
+// of segments (builds).
 template <class Visit>
 inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T, int HS, const double* key_norm2,
                               const double* prefix_radius2, const KmvHashFamily& family, int first_row,
@@ -310,42 +328,43 @@ inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T,
         if (j >= first_row) project(query_proj.data() + (size_t)j * F, q + (size_t)j * stride);
     }
     std::vector<double> padded(F);
-    std::vector<KmvBucketTable> tables(L);
-    for (KmvBucketTable& table : tables) table.reset(T);
+    std::vector<KmvBucketIndex> tables(L);
+    std::vector<uint64_t> key_ids((size_t)L * T);  // (L, T)
     std::vector<int> seen_by(T, -1);  // seen_by[j] = the last query that listed j
-    std::vector<int> candidates;
-    candidates.reserve(T);
-    int builds = 0, inserted = 0;
-    double built_radius2 = -1.0;
-    for (int i = first_row; i < T; i++) {
-        if (prefix_radius2[i] != built_radius2) {  // R_i grew: every padded key moves
-            for (KmvBucketTable& table : tables) table.clear();
-            built_radius2 = prefix_radius2[i];
-            inserted = 0;
-            builds++;
-        }
-        for (; inserted <= i; inserted++) {  // keys up to i, padded with sqrt(R_i^2 - |k_j|^2)
-            const int j = inserted;
-            const double pad = std::sqrt(std::max(built_radius2 - key_norm2[j], 0.0));
+    std::vector<int> candidates(T + 1);
+    int builds = 0;
+    for (int segment = first_row; segment < T;) {
+        // rows [segment, end) share R_i, and every key j < end has |k_j| <= R_i
+        int end = segment + 1;
+        while (end < T && prefix_radius2[end] == prefix_radius2[segment]) end++;
+        const double radius2 = prefix_radius2[segment];
+        for (int j = 0; j < end; j++) {  // keys padded with sqrt(R^2 - |k_j|^2)
+            const double pad = std::sqrt(std::max(radius2 - key_norm2[j], 0.0));
             for (int f = 0; f < F; f++)
                 padded[f] = key_proj[(size_t)j * F + f] + family.direction[(size_t)f * dim + HS] * pad;
             for (int t = 0; t < L; t++)
-                tables[t].append(kmv_bucket_id(padded.data() + (size_t)t * nb, family.offset.data() + (size_t)t * nb,
-                                               nb, family.width),
-                                 j);
+                key_ids[(size_t)t * T + j] = kmv_bucket_id(padded.data() + (size_t)t * nb,
+                                                           family.offset.data() + (size_t)t * nb, nb, family.width);
         }
-        // q' = [q, 0]: the padded coordinate adds nothing
-        candidates.clear();
-        for (int t = 0; t < L; t++) {
-            const uint64_t id = kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
-                                              family.offset.data() + (size_t)t * nb, nb, family.width);
-            for (int j = tables[t].chain(id); j >= 0; j = tables[t].next_key[j]) {
-                if (seen_by[j] == i) continue;
-                seen_by[j] = i;
-                candidates.push_back(j);
+        for (int t = 0; t < L; t++) tables[t].build(key_ids.data() + (size_t)t * T, end);
+        builds++;
+        for (int i = segment; i < end; i++) {
+            // q' = [q, 0]: the padded coordinate adds nothing
+            int count = 0;  // written without a branch on seen_by: about half the keys repeat
+            for (int t = 0; t < L; t++) {
+                const uint64_t id = kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
+                                                  family.offset.data() + (size_t)t * nb, nb, family.width);
+                const auto [first, last] = tables[t].range(id);
+                for (const int* key = first; key != last && *key <= i; key++) {
+                    const int j = *key;
+                    candidates[count] = j;
+                    count += seen_by[j] != i;
+                    seen_by[j] = i;
+                }
             }
+            visit(i, (const int*)candidates.data(), count);
         }
-        visit(i, candidates);
+        segment = end;
     }
     return builds;
 }
@@ -377,8 +396,57 @@ inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, const DrawSite& s
     }
 }
 
+// How kmv_select_keys scores the LSH candidates. Both give the same lists.
+//   Reference: log K_ij of every candidate in double (kmv_dot_lanes), then the
+//              threshold and the budget, literally as §7.4 states them.
+//   Fast:      an fp32 score f_ij of every candidate first. It lies within Delta_i of
+//              the double dot d_ij (topk_brute_margin: f is within gamma_HS ||q_i|| ||k_j||
+//              of the real dot, d far closer, since its products are exact), so with
+//              lo_j, hi_j the formula of log K_ij evaluated at f -+ Delta (rounding is
+//              monotone), lo_j <= log K_ij <= hi_j. The double dot is taken only for the
+//              candidates with hi_j >= X, X = max(X_t, X_b):
+//                X_t <= the row's threshold: -alpha log n_i itself (Absolute), or the
+//                    largest lo minus alpha log n_i (Relative);
+//                X_b = lo at a lower bound f_b of the budget-th largest f (-inf when
+//                    n_c <= budget, +inf when budget = 0): the >= budget keys with
+//                    f >= f_b all have log K >= X_b.
+//              A key with hi_j < X fails the threshold, or has budget keys strictly
+//              above it, so it is not heavy; the row's largest candidate has hi >= X. The
+//              subset therefore holds the heavy set and the largest candidate, and the
+//              threshold and the budget applied to it give the reference's keys. f comes
+//              from one cblas_sgemm per block of kKmvRowBlock rows where the candidates
+//              cover a quarter of the block's causal scores or more (OpenBLAS where it
+//              pays; the rounding assumptions of causal_topk_brute_sgemm), else from an
+//              fp32 dot per candidate.
+enum class KmvScoring { Fast, Reference };
+
+constexpr int kKmvRowBlock = 64;  // rows per block of the fast scoring; a row's scores (4T bytes) stay in L2
+
+// an fp32 dot as 16 interleaved partial sums (any order is within the bound; this one vectorises)
+inline float kmv_dot_f32(const float* a, const float* b, int n) {
+    float lane[16] = {};
+    int c = 0;
+    for (; c + 16 <= n; c += 16)
+        for (int l = 0; l < 16; l++) lane[l] += a[c + l] * b[c + l];
+    for (; c < n; c++) lane[c % 16] += a[c] * b[c];
+    float sum = 0.0f;
+    for (int l = 0; l < 16; l++) sum += lane[l];
+    return sum;
+}
+
+// f_b: a lower bound of the k-th largest of x[0..n) (1 <= k <= n), kKmvBudgetSteps steps
+// of topk_kth_largest_key's bisection on the order keys. A closer bound saves double
+// dots; each step costs a pass over the row (16 steps were fastest at n = 16K).
+constexpr int kKmvBudgetSteps = 16;
+inline float kmv_kth_largest_lower_bound(const float* x, int n, int k, std::vector<int32_t>& order) {
+    order.resize(n);
+    for (int u = 0; u < n; u++) order[u] = topk_order_key(x[u] + 0.0f);
+    return topk_order_float(topk_kth_largest_key(order.data(), n, k, kKmvBudgetSteps));
+}
+
 inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int T, int C, int NH, int max_keys,
-                            const KmvParams& p, KmvStats* stats = nullptr) {
+                            const KmvParams& p, KmvStats* stats = nullptr,
+                            KmvScoring scoring = KmvScoring::Fast) {
     kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
     kmv_check(max_keys >= 1, "max_keys must be >= 1");
     kmv_check(p.num_tables >= 1 && p.num_bits >= 1, "num_tables and num_bits must be >= 1");
@@ -394,13 +462,19 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
     const int heavy_budget = K - m;
     const double sqrt_d = std::sqrt((double)HS);
     const double tau = 1.0 / sqrt_d;
+    const bool use_sgemm = topk_brute_sgemm_pays();
     long long total_heavy = 0, total_light = 0, total_rows = 0, total_candidates = 0, total_builds = 0;
-    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates, total_builds)
+    long long total_exact = 0;
+    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates, total_builds, total_exact)
     {
         std::vector<double> key_norm2(T), query_norm2(T), prefix_radius2(T);
+        std::vector<double> query_norm_up(T), prefix_key_norm_up(T);  // ||q_i||, max_{j<=i} ||k_j|| (upper bounds)
         std::vector<std::pair<double, int>> heavy;  // (log K_ij, j)
         std::vector<int> heavy_keys(K), light_keys(K);
         std::vector<uint32_t> chosen(K);
+        std::vector<int> block_candidates, block_start, exact_candidates;  // the fast scoring's block of rows
+        std::vector<float> block_scores, row_scores;
+        std::vector<int32_t> row_order;
         #pragma omp for collapse(2) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -420,26 +494,33 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                 if (T <= K) continue;
 
                 // norms and the causal radius R_i^2 = max_{j <= i} |k_j|^2
-                double radius2 = 0.0;
+                double radius2 = 0.0, key_norm_up = 0.0;
                 for (int j = 0; j < T; j++) {
                     key_norm2[j] = kmv_dot(k + (size_t)j * C3, k + (size_t)j * C3, HS);
                     query_norm2[j] = kmv_dot(q + (size_t)j * C3, q + (size_t)j * C3, HS);
                     radius2 = std::max(radius2, key_norm2[j]);
                     prefix_radius2[j] = radius2;
+                    const double kn = topk_norm_up(k + (size_t)j * C3, HS);
+                    key_norm_up = std::isfinite(kn) && kn <= key_norm_up ? key_norm_up : (std::isfinite(kn) ? kn : INFINITY);
+                    prefix_key_norm_up[j] = key_norm_up;
+                    query_norm_up[j] = topk_norm_up(q + (size_t)j * C3, HS);
                 }
                 const DrawSite hash_site = head_draw_site(p.seed, p.step, p.layer, NH, h, p.batch0 + b, T);
                 const KmvHashFamily family = kmv_draw_hash_family(hash_site, HS, T, p);
 
-                auto estimate_row = [&](int i, const std::vector<int>& candidates) {
+                // row i's list from the candidates cand[0..n) whose log K_ij are taken exactly,
+                // of the row's n_candidates: threshold, budget (§7.4), light samples
+                auto finish_row = [&](int i, const int* cand, int n, int n_candidates) {
                     total_rows++;
-                    total_candidates += (long long)candidates.size();
-                    // exact check of every candidate: log K_ij against the row's threshold
+                    total_candidates += n_candidates;
+                    total_exact += n;
                     const double alpha_log_n = (double)p.heavy_alpha * std::log((double)(i + 1));
                     const double row_offset = (query_norm2[i] + prefix_radius2[i]) / (2.0 * sqrt_d);
                     const float* q_i = q + (size_t)i * C3;
                     heavy.clear();
                     double largest = -HUGE_VAL;
-                    for (int j : candidates) {
+                    for (int u = 0; u < n; u++) {
+                        const int j = cand[u];
                         const double log_kernel = tau * kmv_dot_lanes(q_i, k + (size_t)j * C3, HS) - row_offset;
                         heavy.emplace_back(log_kernel, j);
                         largest = std::max(largest, log_kernel);
@@ -485,8 +566,80 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     total_heavy += num_heavy;
                     total_light += m;
                 };
+
+                // the fast scoring of row i: f of its n candidates in f_row, then the double
+                // dot for those with hi_j >= X only (KmvScoring above)
+                auto finish_row_fast = [&](int i, const int* cand, const float* f_row, int n) {
+                    const TopkBruteMargin margin = topk_brute_margin(query_norm_up[i], prefix_key_norm_up[i], HS);
+                    if (!margin.fast_ok || n == 0) {
+                        finish_row(i, cand, n, n);
+                        return;
+                    }
+                    const double delta = margin.delta;
+                    const double row_offset = (query_norm2[i] + prefix_radius2[i]) / (2.0 * sqrt_d);
+                    auto log_kernel_at = [&](double dot) { return tau * dot - row_offset; };
+                    double cut;  // X
+                    if (p.threshold == KmvThreshold::Relative) {
+                        float f_max = f_row[0];
+                        for (int u = 1; u < n; u++) f_max = std::max(f_max, f_row[u]);
+                        cut = log_kernel_at((double)f_max - delta) - (double)p.heavy_alpha * std::log((double)(i + 1));
+                    } else {
+                        cut = -(double)p.heavy_alpha * std::log((double)(i + 1));
+                    }
+                    if (heavy_budget == 0) {
+                        cut = HUGE_VAL;  // no key is heavy
+                    } else if (n > heavy_budget) {
+                        const float f_budget = kmv_kth_largest_lower_bound(f_row, n, heavy_budget, row_order);
+                        cut = std::max(cut, log_kernel_at((double)f_budget - delta));
+                    }
+                    exact_candidates.clear();
+                    for (int u = 0; u < n; u++)
+                        if (log_kernel_at((double)f_row[u] + delta) >= cut) exact_candidates.push_back(cand[u]);
+                    finish_row(i, exact_candidates.data(), (int)exact_candidates.size(), n);
+                };
+
+                // a block of rows [r0, r1) whose candidates are in block_candidates
+                auto finish_block = [&](int r0, int r1) {
+                    const long long total = (long long)block_candidates.size();
+                    const long long causal = ((long long)r1 * (r1 + 1) - (long long)r0 * (r0 + 1)) / 2;
+                    const bool dense = use_sgemm && 4 * total >= causal;
+                    if (dense) {  // (r1 - r0, r1) scores: row i - r0 against keys 0..r1-1
+                        block_scores.resize((size_t)(r1 - r0) * r1);
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, HS, 1.0f, q + (size_t)r0 * C3,
+                                    C3, k, C3, 0.0f, block_scores.data(), r1);
+                    }
+                    for (int i = r0; i < r1; i++) {
+                        const int* cand = block_candidates.data() + block_start[i - r0];
+                        const int n = block_start[i - r0 + 1] - block_start[i - r0];
+                        row_scores.resize(n);
+                        if (dense) {
+                            const float* s_row = block_scores.data() + (size_t)(i - r0) * r1;
+                            for (int u = 0; u < n; u++) row_scores[u] = s_row[cand[u]];
+                        } else {
+                            const float* q_i = q + (size_t)i * C3;
+                            for (int u = 0; u < n; u++) row_scores[u] = kmv_dot_f32(q_i, k + (size_t)cand[u] * C3, HS);
+                        }
+                        finish_row_fast(i, cand, row_scores.data(), n);
+                    }
+                    block_candidates.clear();
+                    block_start.assign(1, 0);
+                };
+
+                block_candidates.clear();
+                block_start.assign(1, 0);
+                int block_r0 = K;
+                auto visit = [&](int i, const int* candidates, int count) {
+                    if (scoring == KmvScoring::Reference) {
+                        finish_row(i, candidates, count, count);
+                        return;
+                    }
+                    if (block_start.size() == 1) block_r0 = i;
+                    block_candidates.insert(block_candidates.end(), candidates, candidates + count);
+                    block_start.push_back((int)block_candidates.size());
+                    if (i + 1 - block_r0 == kKmvRowBlock || i == T - 1) finish_block(block_r0, i + 1);
+                };
                 total_builds += kmv_lsh_candidates(q, k, C3, T, HS, key_norm2.data(), prefix_radius2.data(),
-                                                   family, K, estimate_row);
+                                                   family, K, visit);
             }
         }
     }
@@ -496,6 +649,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
         stats->rows += total_rows;
         stats->candidates += total_candidates;
         stats->table_builds += total_builds;
+        stats->exact_checks += total_exact;
     }
 }
 
