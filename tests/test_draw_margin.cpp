@@ -4,7 +4,8 @@
 //
 // How: this file gives the shared samplers its own exp, log, log1p and expm1 (declared
 // in namespace knngpt before the sampler headers, so the samplers' unqualified calls
-// find them), which return glibc's value times (1 +- eta), the sign drawn per call:
+// find them; the exact-row weights' row_weight_exp in knngpt::cpu, which hides the
+// header's vectorised default), which return glibc's value times (1 +- eta), the sign drawn per call:
 // a stand-in for another device's libm, eta times larger than any real one. Then
 // every draw is made twice, exactly and perturbed; a draw that changed must have
 // had a margin below kSlack * eta. A comparison the margin misses, or an error
@@ -40,6 +41,9 @@ inline double log(double x) { return knngpt_test::perturb(std::log(x)); }
 inline double log1p(double x) { return knngpt_test::perturb(std::log1p(x)); }
 inline double expm1(double x) { return knngpt_test::perturb(std::expm1(x)); }
 }  // namespace knngpt
+namespace knngpt::cpu {  // the exact-row weights' exp (kernels/cpu/sampled_grad.h)
+inline double row_weight_exp(double x) { return knngpt::exp(x); }
+}  // namespace knngpt::cpu
 
 #include "kernels/common/draws.h"
 #include "kernels/cpu/gumbel_attention.h"

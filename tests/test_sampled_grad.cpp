@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -119,6 +120,22 @@ double rounding_allowance(const GradProblem& gp) { return 1e-5 * gp.max_abs_exac
 const char* kPartNames[3] = {"dQ", "dK", "dV"};
 
 }  // namespace
+
+TEST(SampledGrad, BranchlessUpperBoundEqualsStdUpperBound) {
+    // sorted arrays of every length to 70 and some long ones, with runs of equal values,
+    // probed below, above, at and between every element
+    std::mt19937_64 rng(11);
+    for (int n = 1; n < 600; n += n < 70 ? 1 : 37) {
+        std::vector<double> a(n);
+        double v = 0.0;
+        for (double& x : a) x = (v += (rng() % 3 == 0) ? 0.0 : 0.5 + (double)(rng() % 8));
+        std::vector<double> probes = {-1.0, a.back() + 1.0};
+        for (double x : a) probes.insert(probes.end(), {x, x - 0.25, x + 0.25});
+        for (double x : probes)
+            ASSERT_EQ(upper_bound_branchless(a.data(), n, x), (int)(std::upper_bound(a.begin(), a.end(), x) - a.begin()))
+                << "n " << n << " x " << x;
+    }
+}
 
 TEST(SampledGrad, MeansOverSeedsMatchExactGradients) {
     // s = 4 samples per row, 1000 seeds per configuration; z <= 5 per element of dqkv

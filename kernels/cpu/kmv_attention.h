@@ -125,6 +125,7 @@
 #include "kernels/common/draws.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/topk_brute.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace knngpt::cpu {
 
@@ -231,17 +232,6 @@ inline double kmv_dot(const float* a, const float* b, int n) {
     double sum = 0.0;
     for (int c = 0; c < n; c++) sum += (double)a[c] * (double)b[c];
     return sum;
-}
-
-// The same dot product as 8 interleaved partial sums (lane c % 8), added in a
-// fixed order: it vectorises, and differs from kmv_dot by rounding only.
-inline double kmv_dot_lanes(const float* a, const float* b, int n) {
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int l = 0; l < 8; l++) lane[l] += (double)a[c + l] * (double)b[c + l];
-    for (; c < n; c++) lane[c % 8] += (double)a[c] * (double)b[c];
-    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
 }
 
 // One table's buckets over the keys of a segment of rows that share R_i: every key
@@ -397,7 +387,7 @@ inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, const DrawSite& s
 }
 
 // How kmv_select_keys scores the LSH candidates. Both give the same lists.
-//   Reference: log K_ij of every candidate in double (kmv_dot_lanes), then the
+//   Reference: log K_ij of every candidate in double (dot_f64_lanes), then the
 //              threshold and the budget, literally as §7.4 states them.
 //   Fast:      an fp32 score f_ij of every candidate first. It lies within Delta_i of
 //              the double dot d_ij (topk_brute_margin: f is within gamma_HS ||q_i|| ||k_j||
@@ -521,7 +511,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     double largest = -HUGE_VAL;
                     for (int u = 0; u < n; u++) {
                         const int j = cand[u];
-                        const double log_kernel = tau * kmv_dot_lanes(q_i, k + (size_t)j * C3, HS) - row_offset;
+                        const double log_kernel = tau * dot_f64_lanes(q_i, k + (size_t)j * C3, HS) - row_offset;
                         heavy.emplace_back(log_kernel, j);
                         largest = std::max(largest, log_kernel);
                     }

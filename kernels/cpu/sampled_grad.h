@@ -55,10 +55,31 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
 #include "kernels/cpu/topk_panel.h"
+#include "kernels/cpu/vector_math.h"
+
+namespace knngpt {
+// The exp of the exact-row weights. Called unqualified from knngpt::cpu, so that a test
+// may declare knngpt::cpu::row_weight_exp before this header to stand in for another
+// device's exp (test_draw_margin).
+inline double row_weight_exp(double x) { return cpu::exp_f64_vectorizable(x); }
+}  // namespace knngpt
 
 namespace knngpt::cpu {
 
 using knngpt::GradSampleSource;
+
+// std::upper_bound(a, a + n, x) - a for ascending a[0..n), n >= 1, without a branch
+// on the data: each halving step is a conditional move, so the ~log2 n comparisons of
+// a pick (random in u) no longer mispredict about half the time.
+inline int upper_bound_branchless(const double* a, int n, double x) {
+    const double* base = a;
+    while (n > 1) {
+        const int half = n / 2;
+        base = base[half] <= x ? base + half : base;
+        n -= half;
+    }
+    return (int)(base - a) + (*base <= x ? 1 : 0);
+}
 
 // Inverse-CDF pick from ascending cumulative weights cdf[0..n): the first l with
 // cdf[l] > u cdf[n-1]. margin (tests): the target against the two sums around it,
@@ -68,7 +89,7 @@ using knngpt::GradSampleSource;
 inline int sampled_grad_pick(const double* cdf, int n, double u, DrawMargin* margin = nullptr,
                              double term_error = 1.0) {
     const double target = u * cdf[n - 1];
-    const int l = (int)(std::upper_bound(cdf, cdf + n, target) - cdf);
+    const int l = upper_bound_branchless(cdf, n, target);
     if (margin) {
         const double amplification = 1.0 + term_error * n;
         if (l < n) margin->compare(cdf[l], target, 0.0, amplification);
@@ -134,10 +155,21 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
             row_max = std::max(row_max, cdf[j0 + w]);
         }
     }
-    double running = 0.0;
-    for (int j = 0; j < n_i; j++) {
-        running += exp(cdf[j] - row_max);  // unqualified: test_draw_margin perturbs it
-        cdf[j] = running;
+    for (int j = 0; j < n_i; j++) cdf[j] = row_weight_exp(cdf[j] - row_max);  // vectorised
+    // running sums: four independent chains over the row's four quarters, then each
+    // quarter shifted by the sum before it (one chain is a dependent add per key);
+    // any order of the n positive terms is within sampled_grad_pick's margin, and the
+    // sums stay ascending
+    const int quarter = (n_i + 3) / 4;
+    double running[4] = {0.0, 0.0, 0.0, 0.0};
+    for (int t = 0; t < quarter; t++)
+        for (int g = 0; g < 4; g++) {
+            const int j = g * quarter + t;
+            if (j < n_i) cdf[j] = running[g] += cdf[j];
+        }
+    for (int g = 1; g < 4 && g * quarter < n_i; g++) {
+        const double before = cdf[g * quarter - 1];
+        for (int j = g * quarter; j < std::min(n_i, (g + 1) * quarter); j++) cdf[j] += before;
     }
 }
 
@@ -257,15 +289,13 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                     total_samples += count;
 
                     // Delta_i = dO_i . O_i from the given out
-                    double delta = 0.0;
-                    for (int c = 0; c < HS; c++) delta += (double)d_o_i[c] * o_i[c];
+                    const double delta = dot_f64_lanes(d_o_i, o_i, HS);
                     // dQ_i and dK_J from the first s samples
                     std::fill(dq_row.begin(), dq_row.end(), 0.0);
                     for (int t = 0; t < s; t++) {
                         const float* k_J = keys + (size_t)J[t] * C3;
                         const float* v_J = values + (size_t)J[t] * C3;
-                        double dp = 0.0;  // dO_i . v_J
-                        for (int c = 0; c < HS; c++) dp += (double)d_o_i[c] * v_J[c];
+                        const double dp = dot_f64_lanes(d_o_i, v_J, HS);  // dO_i . v_J
                         const double coef = (double)tau * (dp - delta) / s;
                         double* dk_J = dk_head.data() + (size_t)J[t] * HS;
                         for (int c = 0; c < HS; c++) {
