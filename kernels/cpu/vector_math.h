@@ -28,6 +28,14 @@
 
 namespace knngpt::cpu {
 
+// c[0] r^(N-1) + ... + c[N-1] in Horner form, highest power first
+template <class F, int N>
+inline F horner(F r, const F (&c)[N]) {
+    F p = c[0];
+    for (int k = 1; k < N; k++) p = p * r + c[k];
+    return p;
+}
+
 inline float exp_vectorizable(float x) {
     const float clamped = x > 88.0f ? 88.0f : (x < -87.0f ? -87.0f : x);
     // n = round(x / ln2): adding 1.5 * 2^23 pushes the fraction out of the mantissa
@@ -37,15 +45,10 @@ inline float exp_vectorizable(float x) {
     // r = x - n ln2, with ln2 split in two so that n * ln2_hi is exact
     const float ln2_hi = 0.693115234375f, ln2_lo = 3.194618494528623e-05f;
     const float r = (clamped - n * ln2_hi) - n * ln2_lo;
-    // exp(r) = sum_{k<=7} r^k / k!, Horner form
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
+    // exp(r) = sum_{k<=7} r^k / k!
+    static constexpr float kTaylor[] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f,
+                                        1.0f / 6.0f,    0.5f,          1.0f,          1.0f};
+    const float p = horner(r, kTaylor);
     // 2^n: n sits in the low mantissa bits of `shifted`; move it into the exponent field
     uint32_t shifted_bits;
     std::memcpy(&shifted_bits, &shifted, sizeof shifted_bits);
@@ -63,21 +66,12 @@ inline double exp_f64_vectorizable(double x) {
     const double n = shifted - round_shift;
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     const double r = (clamped - n * ln2_hi) - n * ln2_lo;
-    // exp(r) = sum_{k<=13} r^k / k!, Horner form
-    double p = 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
+    // exp(r) = sum_{k<=13} r^k / k!
+    static constexpr double kTaylor[] = {1.0 / 6227020800.0, 1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0,
+                                         1.0 / 362880.0,     1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,
+                                         1.0 / 120.0,        1.0 / 24.0,        1.0 / 6.0,        0.5,
+                                         1.0,                1.0};
+    const double p = horner(r, kTaylor);
     // 2^n: n sits in the low mantissa bits of `shifted`; move it into the exponent field
     uint64_t shifted_bits;
     std::memcpy(&shifted_bits, &shifted, sizeof shifted_bits);
