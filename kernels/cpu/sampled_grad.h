@@ -231,6 +231,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
         DrawMargin margin;  // this thread's draws (walk starts too), when stats are asked for
         DrawMargin* const margin_or_null = stats ? &margin : nullptr;
         std::vector<double> dk_head((size_t)T * HS), dv_head((size_t)T * HS), dq_row(HS);  // fp64 sums
+        std::vector<double> q_row(HS), d_o_row(HS);
         std::vector<double> cdf(std::max(T, k));
         // ExactRow: the head's keys as 8-lane panels, packed once per (b, h), and the scores of
         // four rows at a time, (4, ld_dots): one pass over the panel serves the four (the
@@ -290,6 +291,11 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
 
                     // Delta_i = dO_i . O_i from the given out
                     const double delta = dot_f64_lanes(d_o_i, o_i, HS);
+                    // the row's q_i and dO_i / s in double, converted once for all its samples
+                    for (int c = 0; c < HS; c++) {
+                        q_row[c] = q_i[c];
+                        d_o_row[c] = (double)d_o_i[c] / s;
+                    }
                     // dQ_i and dK_J from the first s samples
                     std::fill(dq_row.begin(), dq_row.end(), 0.0);
                     for (int t = 0; t < s; t++) {
@@ -300,7 +306,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                         double* dk_J = dk_head.data() + (size_t)J[t] * HS;
                         for (int c = 0; c < HS; c++) {
                             dq_row[c] += coef * k_J[c];
-                            dk_J[c] += coef * q_i[c];
+                            dk_J[c] += coef * q_row[c];
                         }
                     }
                     float* dq_i = dqkv + at.q + (size_t)i * C3;
@@ -309,7 +315,7 @@ inline void sampled_attention_backward(float* dqkv, const float* dout, const flo
                     if (!signed_start_dv) {
                         for (int t = 0; t < s; t++) {
                             double* dv_J = dv_head.data() + (size_t)J[t] * HS;
-                            for (int c = 0; c < HS; c++) dv_J[c] += (double)d_o_i[c] / s;
+                            for (int c = 0; c < HS; c++) dv_J[c] += d_o_row[c];
                         }
                     } else {
                         for (int c = 0; c < HS; c++) {
