@@ -208,23 +208,6 @@ TEST(CpuOps, ExpVectorizableIsWithinTwoUlpOfExpOverTheFloatRange) {
     EXPECT_TRUE(std::isnan(cpu::exp_vectorizable(NAN)));
 }
 
-TEST(CpuOps, ExpF64VectorizableIsWithinTwoUlpOfLongDoubleExp) {
-    // against the x87 extended exp (64-bit mantissa), on a grid over the whole range
-    // and densely around 0, where the row weights of a softmax live
-    long double max_rel = 0.0L;
-    auto check = [&](double x) {
-        const long double expected = std::exp((long double)x);
-        max_rel = std::fmax(max_rel, std::fabs((long double)cpu::exp_f64_vectorizable(x) - expected) / expected);
-    };
-    for (double x = -708.0; x <= 709.0; x += 0.0137) check(x);
-    for (double x = -2.0; x <= 2.0; x += 1e-5) check(x);
-    EXPECT_LT((double)max_rel, 4.5e-16);  // two double ulps (2^-52 = 2.2e-16)
-    EXPECT_EQ(cpu::exp_f64_vectorizable(0.0), 1.0);
-    EXPECT_EQ(cpu::exp_f64_vectorizable(-709.0), 0.0);
-    EXPECT_EQ(cpu::exp_f64_vectorizable(-INFINITY), 0.0);
-    EXPECT_TRUE(std::isnan(cpu::exp_f64_vectorizable(NAN)));
-}
-
 TEST(CpuOps, DotF64LanesEqualsTheExactSumWithinDoubleRounding) {
     std::mt19937_64 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);

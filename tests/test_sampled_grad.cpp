@@ -19,6 +19,7 @@
 
 #include "tests/attention_test_util.h"
 #include "kernels/common/rng.h"
+#include "kernels/common/sampler_exp.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/sampled_grad.h"
 #include "tests/test_util.h"
@@ -120,6 +121,37 @@ double rounding_allowance(const GradProblem& gp) { return 1e-5 * gp.max_abs_exac
 const char* kPartNames[3] = {"dQ", "dK", "dV"};
 
 }  // namespace
+
+// sampler_exp.h against the x87 exp (64-bit mantissa): within 2 ulps over its whole
+// range and densely on (-40, 0], where a softmax row's weights live; exact at 0; 0
+// below -708; NaN stays NaN; the same bits one by one and in a vector loop.
+TEST(SamplerExp, WithinTwoUlpsOfLongDoubleExp) {
+    std::mt19937_64 gen(4);
+    std::vector<double> xs;
+    for (int n = 0; n < 1000000; n++)
+        xs.push_back(n % 2 ? -40.0 * std::ldexp((double)(gen() >> 11), -53)
+                           : -708.0 + 1417.0 * std::ldexp((double)(gen() >> 11), -53));
+    long double worst = 0.0L;
+    for (double x : xs) {
+        const long double expected = std::exp((long double)x);
+        const long double ulp = std::ldexp(1.0L, std::ilogb((double)expected) - 52);
+        worst = std::max(worst, std::fabs((long double)knngpt::sampler_exp(x) - expected) / ulp);
+    }
+    EXPECT_LE((double)worst, 2.0);
+    std::printf("sampler_exp: largest error %.2f ulp\n", (double)worst);
+    EXPECT_EQ(knngpt::sampler_exp(0.0), 1.0);
+    EXPECT_EQ(knngpt::sampler_exp(-709.0), 0.0);
+    EXPECT_EQ(knngpt::sampler_exp(-INFINITY), 0.0);
+    EXPECT_TRUE(std::isnan(knngpt::sampler_exp(NAN)));
+    // a loop the compiler vectorises gives the bits of the scalar calls
+    std::vector<double> lanes(xs.size());
+    for (size_t n = 0; n < xs.size(); n++) lanes[n] = knngpt::sampler_exp(xs[n]);
+    for (size_t n = 0; n < xs.size(); n += 997) {
+        volatile double x = xs[n];
+        const double one = knngpt::sampler_exp(x);
+        ASSERT_EQ(std::memcmp(&one, &lanes[n], sizeof one), 0) << "x = " << xs[n];
+    }
+}
 
 TEST(SampledGrad, BranchlessUpperBoundEqualsStdUpperBound) {
     // sorted arrays of every length to 70 and some long ones, with runs of equal values,

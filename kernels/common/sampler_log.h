@@ -47,6 +47,15 @@ KNNGPT_HD double sampler_double_of(uint64_t b) {
     return x;
 }
 
+// c0 x^n + c1 x^(n-1) + ... + cn, Horner's rule with one fma a step (a fold over the
+// coefficients, expanded at compile time: no loop in the way of vectorising the caller's)
+template <class... C>
+KNNGPT_HD double sampler_horner(double x, double c0, C... c) {
+    double p = c0;
+    ((p = fma(p, x, c)), ...);
+    return p;
+}
+
 KNNGPT_HD double sampler_log(double x) {
     const double kLn2Hi = 0x1.62e42ffp-1, kLn2Lo = -0x1.718432a1b0e26p-35;
     const bool subnormal = x < 0x1p-1022;
@@ -59,17 +68,8 @@ KNNGPT_HD double sampler_log(double x) {
     const double f = sampler_double_of(m_bits) - 1.0;
     const double s = f / (2.0 + f);
     const double z = s * s;
-    double p = 1.0 / 23;
-    p = fma(p, z, 1.0 / 21);
-    p = fma(p, z, 1.0 / 19);
-    p = fma(p, z, 1.0 / 17);
-    p = fma(p, z, 1.0 / 15);
-    p = fma(p, z, 1.0 / 13);
-    p = fma(p, z, 1.0 / 11);
-    p = fma(p, z, 1.0 / 9);
-    p = fma(p, z, 1.0 / 7);
-    p = fma(p, z, 1.0 / 5);
-    p = fma(p, z, 1.0 / 3);
+    const double p = sampler_horner(z, 1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13, 1.0 / 11,
+                                    1.0 / 9, 1.0 / 7, 1.0 / 5, 1.0 / 3);
     const double two_s = 2.0 * s;
     const double log_m = fma(two_s * z, p, two_s);
     const double ed = (double)e;

@@ -52,6 +52,7 @@
 #include "kernels/common/attention_params.h"
 #include "kernels/common/attention_score.h"
 #include "kernels/common/draws.h"
+#include "kernels/common/sampler_exp.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gumbel_attention.h"
 #include "kernels/cpu/topk_panel.h"
@@ -61,7 +62,7 @@ namespace knngpt {
 // The exp of the exact-row weights. Called unqualified from knngpt::cpu, so that a test
 // may declare knngpt::cpu::row_weight_exp before this header to stand in for another
 // device's exp (test_draw_margin).
-inline double row_weight_exp(double x) { return cpu::exp_f64_vectorizable(x); }
+inline double row_weight_exp(double x) { return sampler_exp(x); }
 }  // namespace knngpt
 
 namespace knngpt::cpu {
@@ -124,7 +125,9 @@ inline void sampled_grad_walk_starts(int* walk_counts, double* walk_weight, cons
 }
 
 // The exact-row sampler's cumulative weights of query i: cdf[l] = sum_{j<=l}
-// exp(s_ij - max_j s_ij), fp64, in key order, s_ij = attention_score (n_i keys).
+// exp(s_ij - max_j s_ij), fp64, in key order, s_ij = attention_score (n_i keys), exp =
+// sampler_exp (kernels/common/sampler_exp.h, through row_weight_exp), which the CUDA
+// twin shares.
 // With `row_dots`, the row's attention_dot values are given (the backward scores four
 // rows per pass over the head's 8-lane key panel: the same chains, topk_panel.h), and
 // s_ij = tau * row_dots[j], so the same cdf.
@@ -156,21 +159,8 @@ inline void sampled_grad_exact_row_cdf(double* cdf, const float* q_i, const floa
         }
     }
     for (int j = 0; j < n_i; j++) cdf[j] = row_weight_exp(cdf[j] - row_max);  // vectorised
-    // running sums: four independent chains over the row's four quarters, then each
-    // quarter shifted by the sum before it (one chain is a dependent add per key);
-    // any order of the n positive terms is within sampled_grad_pick's margin, and the
-    // sums stay ascending
-    const int quarter = (n_i + 3) / 4;
-    double running[4] = {0.0, 0.0, 0.0, 0.0};
-    for (int t = 0; t < quarter; t++)
-        for (int g = 0; g < 4; g++) {
-            const int j = g * quarter + t;
-            if (j < n_i) cdf[j] = running[g] += cdf[j];
-        }
-    for (int g = 1; g < 4 && g * quarter < n_i; g++) {
-        const double before = cdf[g * quarter - 1];
-        for (int j = g * quarter; j < std::min(n_i, (g + 1) * quarter); j++) cdf[j] += before;
-    }
+    double running = 0.0;  // in key order, as the CUDA twin sums them
+    for (int j = 0; j < n_i; j++) cdf[j] = running += cdf[j];
 }
 
 // Draws backward samples m = 0..count-1 of query i of one (b, h) into J[0..count).

@@ -26,6 +26,7 @@
 #include "kernels/common/attention_params.h"
 #include "kernels/common/attention_score.h"
 #include "kernels/common/draws.h"
+#include "kernels/common/sampler_exp.h"
 #include "kernels/common/lazy_gumbel.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/score_tiles.cuh"
@@ -45,7 +46,8 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //   ExactRow    s_ij = attention_score (kernels/common/attention_score.h): the fma
 //                                         chain acc = fma(q_c, k_jc, acc) over
 //                                         c = 0..HS-1 in order, then tau * acc
-//               cdf_l = sum_{j<=l} exp(s_ij - max_j s_ij)          fp64, summed in j order
+//               cdf_l = sum_{j<=l} exp(s_ij - max_j s_ij)          fp64, summed in j order,
+//                                         exp = sampler_exp (kernels/common/sampler_exp.h)
 //               u_m = uniform_open01_f64 of Philox draw DRAW_GRADIENT_SAMPLE index m;
 //               J_m = the first l with cdf_l > u_m cdf_{n_i-1} (n_i - 1 if none)
 //   LazyGumbel  J_m = lazy Gumbel sample number 2m + 1 (odd: the `gumbel` forward uses
@@ -130,9 +132,12 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //   draw-index limits are the CPU's, checked on the host.
 // Exactness of the samples: the scores (an explicit fma chain), the max, the running
 // sums, the targets and the lazy Gumbel walk are the CPU's operations in the CPU's
-// order. Natively the fp64 exp and log are CUDA's (within an ulp or two of glibc's), so
-// a pick can differ only when a target lies within an ulp or so of a cumulative sum, or
-// two Gumbel-perturbed scores nearly tie; under the emulator every pick is the CPU's.
+// order. The exact-row weights' exp is sampler_exp, IEEE operations only, so natively
+// too every exact-row pick is the CPU's. Lazy Gumbel's exp, log and log1p (its head's
+// weights and mass) are CUDA's natively (within an ulp or two of glibc's), so there a
+// pick can differ only when a target lies within an ulp or so of a cumulative sum of the
+// head, or two Gumbel-perturbed scores nearly tie; under the emulator every pick is the
+// CPU's.
 // The walk starts use only additions, a product and comparisons, so they are the CPU's
 // natively too.
 
@@ -370,7 +375,7 @@ __global__ void __launch_bounds__(kScoreTileThreads, kScoreBlocksPerSm)
             double total = 0.0;
             for (int j0 = 0; j0 < n_i; j0 += 32) {
                 const int j = j0 + lane_id;
-                const double w = j < n_i ? exp((double)scores[j] - row_max) : 0.0;
+                const double w = j < n_i ? sampler_exp((double)scores[j] - row_max) : 0.0;
                 const int count = min(32, n_i - j0);
                 for (int t = 0; t < count; t++) total += __shfl_sync(0xFFFFFFFFu, w, t);
             }
@@ -388,7 +393,7 @@ __global__ void __launch_bounds__(kScoreTileThreads, kScoreBlocksPerSm)
                     for (int j0 = 0; j0 < n_i; j0 += 32) {
                         if (__all_sync(0xFFFFFFFFu, J >= 0)) break;  // every sample of the chunk placed
                         const int j = j0 + lane_id;
-                        const double w = j < n_i ? exp((double)scores[j] - row_max) : 0.0;
+                        const double w = j < n_i ? sampler_exp((double)scores[j] - row_max) : 0.0;
                         const int count = min(32, n_i - j0);
                         for (int t = 0; t < count; t++) {
                             running += __shfl_sync(0xFFFFFFFFu, w, t);
