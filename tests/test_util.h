@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -66,6 +67,19 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
                          const char* what) {
     ASSERT_EQ(got.size(), want.size()) << what;
     EXPECT_LE(max_rel_error(got.data(), want.data(), want.size()), tolerance) << what;
+}
+
+// f over xs in a loop the compiler vectorises gives, at every 997th input, the bits of a
+// scalar call (its argument read through a volatile, so that call stays scalar)
+template <class F>
+inline void expect_vector_loop_matches_scalar(F&& f, const std::vector<double>& xs) {
+    std::vector<double> lanes(xs.size());
+    for (size_t n = 0; n < xs.size(); n++) lanes[n] = f(xs[n]);
+    for (size_t n = 0; n < xs.size(); n += 997) {
+        volatile double x = xs[n];
+        const double one = f(x);
+        ASSERT_EQ(std::memcmp(&one, &lanes[n], sizeof one), 0) << "x = " << xs[n];
+    }
 }
 
 // dL/dx by central differences in double, L = sum(forward() * w), where
