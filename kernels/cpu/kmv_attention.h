@@ -491,7 +491,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     radius2 = std::max(radius2, key_norm2[j]);
                     prefix_radius2[j] = radius2;
                     const double kn = topk_norm_up(k + (size_t)j * C3, HS);
-                    key_norm_up = std::isfinite(kn) && kn <= key_norm_up ? key_norm_up : (std::isfinite(kn) ? kn : INFINITY);
+                    key_norm_up = std::isfinite(kn) ? std::max(key_norm_up, kn) : INFINITY;  // inf: exact checks
                     prefix_key_norm_up[j] = key_norm_up;
                     query_norm_up[j] = topk_norm_up(q + (size_t)j * C3, HS);
                 }
