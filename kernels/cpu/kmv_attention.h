@@ -361,22 +361,21 @@ inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T,
 
 // The m light keys of one row: a uniform m-subset of L = {0..i} \ heavy by
 // Floyd's algorithm (m < light_count), written ascending to `keys`. `heavy`
-// is sorted ascending; `chosen` is scratch of capacity m.
-inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, const DrawSite& site, int m, uint32_t light_count,
-                                  const int* heavy, int num_heavy) {
-    int count = 0;
+// is sorted ascending; `chosen` is scratch of capacity m; `member` a bitmap of at
+// least light_count bits, all clear, which is left clear. A draw already chosen
+// is replaced by `top`, which exceeds every earlier member, so the set is Floyd's
+// whatever the order kept; it is sorted once at the end.
+inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, uint64_t* member, const DrawSite& site, int m,
+                                  uint32_t light_count, const int* heavy, int num_heavy) {
     for (int t = 0; t < m; t++) {
         const uint32_t top = light_count - (uint32_t)m + (uint32_t)t;
         const uint32_t u = uniform_below(philox_draw(site, DRAW_LIGHT_SAMPLE, (uint32_t)t).x[0], top + 1);
-        uint32_t* slot = std::lower_bound(chosen, chosen + count, u);
-        if (slot != chosen + count && *slot == u) {
-            chosen[count++] = top;  // top exceeds every earlier member: stays sorted
-        } else {
-            std::copy_backward(slot, chosen + count, chosen + count + 1);
-            *slot = u;
-            count++;
-        }
+        const uint32_t pick = (member[u >> 6] >> (u & 63)) & 1u ? top : u;
+        member[pick >> 6] |= 1ull << (pick & 63);
+        chosen[t] = pick;
     }
+    std::sort(chosen, chosen + m);
+    for (int t = 0; t < m; t++) member[chosen[t] >> 6] = 0;
     // position p -> the p-th light key: skip heavy keys r with heavy[r] <= p + r
     int r = 0;
     for (int t = 0; t < m; t++) {
@@ -462,6 +461,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
         std::vector<std::pair<double, int>> heavy;  // (log K_ij, j)
         std::vector<int> heavy_keys(K), light_keys(K);
         std::vector<uint32_t> chosen(K);
+        std::vector<uint64_t> light_member((size_t)T / 64 + 1, 0);  // kmv_sample_light_keys' bitmap
         std::vector<int> block_candidates, block_start, exact_candidates;  // the fast scoring's block of rows
         std::vector<float> block_scores, row_scores;
         std::vector<int32_t> row_order;
@@ -541,8 +541,8 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     const uint32_t light_count = (uint32_t)(i + 1 - num_heavy);  // > m
                     if (m > 0) {
                         const DrawSite row_site = row_draw_site(p.seed, p.step, p.layer, NH, h, p.batch0 + b, T, i);
-                        kmv_sample_light_keys(light_keys.data(), chosen.data(), row_site, m, light_count,
-                                              heavy_keys.data(), num_heavy);
+                        kmv_sample_light_keys(light_keys.data(), chosen.data(), light_member.data(), row_site, m,
+                                              light_count, heavy_keys.data(), num_heavy);
                         const float light_logw = (float)std::log((double)light_count / (double)m);
                         for (int t = 0; t < m; t++) {
                             idx_row[num_heavy + t] = light_keys[t];
