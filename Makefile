@@ -211,7 +211,8 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 	  $(PYTHON) tests/reference/gpt2_reference.py --out $(BUILD)/reference; \
 	else echo "python3-torch not found: PyTorch reference tests will be skipped"; fi
 
-# Where nvcc exists, make test also builds train_gpt (compile and link). The
+# Where nvcc exists, make test also builds train_gpt and the GPU attention
+# benchmark (compile and link), so a renamed kernel cannot break them unseen. The
 # native CUDA tests run where nvidia-smi lists a GPU and nvcc exists;
 # elsewhere make test says they were skipped and why.
 test: $(TEST_BINS) $(PROGRAMS)train_gpt_cpu $(PROGRAMS)prepare_data reference $(BUILD)/train_gpt_emu \
@@ -220,7 +221,8 @@ test: $(TEST_BINS) $(PROGRAMS)train_gpt_cpu $(PROGRAMS)prepare_data reference $(
 	@KNNGPT_BUILD=$(BUILD) $(SANITIZE_ENV) sh tools/run_tests.sh $(TEST_BINS)
 	@if [ "$(SANITIZE)" = 1 ]; then echo "train_gpt: not built in the sanitized suite (nvcc code is not sanitized; make test builds it)"; \
 	elif command -v $(NVCC) >/dev/null 2>&1; then \
-	  $(MAKE) --no-print-directory train_gpt && echo "train_gpt: compiled and linked with nvcc"; \
+	  $(MAKE) --no-print-directory train_gpt $(BUILD)/bench_attention_cuda && \
+	    echo "train_gpt, bench_attention_cuda: compiled and linked with nvcc"; \
 	else echo "train_gpt: not built (no nvcc here)"; fi
 	@if nvidia-smi -L 2>/dev/null | grep -q '^GPU' && command -v $(NVCC) >/dev/null 2>&1; then \
 	  $(MAKE) --no-print-directory test-native; \

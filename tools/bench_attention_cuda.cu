@@ -45,6 +45,9 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_bf16.cuh"
+#include "kernels/cuda/sampled_grad.cuh"
+#include "kernels/cuda/sparse_attention.cuh"
+#include "kernels/cuda/topk_index.cuh"
 
 namespace {
 
@@ -106,9 +109,9 @@ void bench_config(int T, int HS) {
     CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(float)));
     CUDA_CHECK(cudaMemset(dqkv, 0, n_qkv * sizeof(float)));
 
-    const float fwd_ms = time_ms([&] { knngpt::cuda::attention_forward(out, lse, qkv, B, T, C, NH); });
+    const float fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_fp32(out, lse, qkv, B, T, C, NH); });
     const float bwd_ms =
-        time_ms([&] { knngpt::cuda::attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH); });
+        time_ms([&] { knngpt::cuda::attention_backward_fp32(dqkv, dout, qkv, out, lse, B, T, C, NH); });
     // the reference writes out and lse too; nothing reads them afterwards
     const float ref_ms = time_ms([&] { knngpt::cuda::attention_forward_reference(out, lse, qkv, B, T, C, NH); });
     // the bf16 forward last, so its backward reads its own out and lse
@@ -131,6 +134,54 @@ void bench_config(int T, int HS) {
     CUDA_CHECK(cudaFree(out));
     CUDA_CHECK(cudaFree(lse));
     CUDA_CHECK(cudaFree(dqkv));
+}
+
+// kNN attention and sampled gradients at one shape (HS 64, NH 16, B * T = 16384 rows
+// of a head, k = 32, s = 16), against the tensor-core exact forward and backward:
+//   knn T=... HS=64 k=32 topk_ms=... sparse_fwd_ms=... knn_fwd_ms=... exact_fwd_ms=...
+//     topk_over_exact_fwd=... sampled_bwd_ms=... lazy_bwd_ms=... exact_bwd_ms=...   (same line)
+// knn_fwd = top-k search + sparse forward; sampled_bwd = the exact-row source,
+// lazy_bwd = the lazy-Gumbel source on the top-k lists (both s = 16, no signed-start dV).
+void bench_knn(int T) {
+    constexpr int NH = 16, HS = 64, k = 32, samples = 16;
+    const int B = std::max(1, 16384 / T);
+    const int C = NH * HS;
+    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+    float* qkv = device_uniform(n_qkv, 3);
+    float* dout = device_uniform(n_out, 4);
+    float *out = nullptr, *lse = nullptr, *dqkv = nullptr;
+    int* idx = nullptr;
+    CUDA_CHECK(cudaMalloc(&out, n_out * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&lse, n_lse * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&idx, n_lse * k * sizeof(int)));
+    CUDA_CHECK(cudaMemset(dqkv, 0, n_qkv * sizeof(float)));
+    using knngpt::GradSampleSource;
+    const float exact_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_bf16(out, lse, qkv, B, T, C, NH); });
+    const float exact_bwd_ms =
+        time_ms([&] { knngpt::cuda::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH); });
+    const float topk_ms = time_ms([&] { knngpt::cuda::causal_topk_brute(idx, qkv, B, T, C, NH, k); });
+    const float sparse_ms = time_ms(
+        [&] { knngpt::cuda::sparse_attention_forward(out, lse, qkv, idx, nullptr, B, T, C, NH, std::min(k, T)); });
+    const float sampled_ms = time_ms([&] {
+        knngpt::cuda::sampled_attention_backward(dqkv, dout, qkv, out, idx, k, B, T, C, NH, samples,
+                                                 GradSampleSource::ExactRow, false, 1337, 1, 0, 0);
+    });
+    const float lazy_ms = time_ms([&] {
+        knngpt::cuda::sampled_attention_backward(dqkv, dout, qkv, out, idx, k, B, T, C, NH, samples,
+                                                 GradSampleSource::LazyGumbel, false, 1337, 1, 0, 0);
+    });
+    std::printf("knn T=%d HS=%d k=%d topk_ms=%.3f sparse_fwd_ms=%.3f knn_fwd_ms=%.3f exact_fwd_ms=%.3f "
+                "topk_over_exact_fwd=%.2f sampled_bwd_ms=%.3f lazy_bwd_ms=%.3f exact_bwd_ms=%.3f\n",
+                T, HS, k, topk_ms, sparse_ms, topk_ms + sparse_ms, exact_fwd_ms, topk_ms / exact_fwd_ms, sampled_ms,
+                lazy_ms, exact_bwd_ms);
+    std::fflush(stdout);
+    CUDA_CHECK(cudaFree(qkv));
+    CUDA_CHECK(cudaFree(dout));
+    CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(lse));
+    CUDA_CHECK(cudaFree(dqkv));
+    CUDA_CHECK(cudaFree(idx));
 }
 
 // Largest |a - b| over n device floats, and the largest |b|.
@@ -177,8 +228,8 @@ bool check_config(int HS) {
             knngpt::cuda::attention_forward_bf16(out[1], lse[1], qkv, B, T, C, NH);
             knngpt::cuda::attention_backward_bf16(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
         } else {
-            knngpt::cuda::attention_forward(out[1], lse[1], qkv, B, T, C, NH);
-            knngpt::cuda::attention_backward(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
+            knngpt::cuda::attention_forward_fp32(out[1], lse[1], qkv, B, T, C, NH);
+            knngpt::cuda::attention_backward_fp32(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
         }
         diff[0] = device_difference(out[1], out[0], n_out);
         diff[1] = device_difference(lse[1], lse[0], n_lse);
@@ -236,6 +287,7 @@ int main(int argc, char** argv) {
     for (int HS : {64, 128}) {
         for (int T : quick ? quick_ts : full_ts) bench_config(T, HS);
     }
+    for (int T : quick ? quick_ts : std::vector<int>{1024, 4096, 16384}) bench_knn(T);
     if (!checks_passed) std::printf("attention check: FAIL (a kernel differs from the reference beyond its bound)\n");
     return checks_passed ? 0 : 1;
 }

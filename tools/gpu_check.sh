@@ -4,21 +4,35 @@
 #   bash tools/gpu_check.sh [OUTDIR [TEXT_FILE]]        (OUTDIR: default build/gpu_check)
 #
 # It runs these stages in order, each with its own time limit, each whatever
-# failed before it (a stage whose program is missing says SKIP and why):
+# failed before it (a stage whose program is missing says SKIP and why). The
+# figures come first and the sanitizers, the slowest, last:
+#   device          the GPU, its driver and nvcc
 #   build-trainer   make train_gpt and the attention benchmark (nvcc, the GPU's own architecture only,
 #                   -Xptxas -v: registers and spills per kernel in OUTDIR/ptxas.txt)
 #   build-tests     make -k the native CUDA tests, both precisions of train_gpt, train_gpt_cpu,
 #                   prepare_data, test_cuda_trainer (g++, GoogleTest, OpenBLAS): what builds is run
 #   native-tests    the native CUDA tests that built, and the two trainers against train_gpt_cpu
+#   train-exact     GPT-2 124M shapes (random init, B 16, T 1024), 20 steps: median ms/step, tok/s, MFU
+#   train-knn       the same, 6 steps, --attn knn --attn-k 32 (brute top-k)
+#   train-sampled   the same, 6 steps, --attn-grad sampled --attn-grad-samples 16
+#   bench-attention tools/bench_attention_cuda.cu: each kernel checked against the reference
+#                   kernels at T = 1024 (max abs error), then exact attention TFLOP/s, then the
+#                   top-k search, kNN forward and sampled backwards against exact attention
+#   nccl-world1     data parallel through NCCL, one process (ZeRO-1), 5 steps; the processes
+#   nccl-worldN     meet through a shared directory (-pi fs), so no mpirun is needed; then the
+#                   same on every GPU of the machine (SKIP with one GPU)
 #   racecheck       compute-sanitizer --tool racecheck   on the attention, top-k (knn) and
 #   synccheck       compute-sanitizer --tool synccheck   sampled-gradient tests
-#   train-exact     GPT-2 124M shapes (random init, B 16, T 1024), 20 steps: median ms/step, tok/s, MFU
-#   train-knn       the same, 3 steps, --attn knn --attn-k 16 (brute top-k)
-#   train-sampled   the same, 3 steps, --attn-grad sampled --attn-grad-samples 16
-#   nccl-world1     data parallel through NCCL, one process (mpirun -np 1, ZeRO-1), 5 steps
-#   nccl-worldN     the same on every GPU of the machine (SKIP with one GPU)
-#   bench-attention tools/bench_attention_cuda.cu: each kernel checked against the reference
-#                   kernels at T = 1024 (max abs error), then exact attention TFLOP/s
+#   build-here      with GPU_CHECK_PREBUILT only: the build from source on this machine, run in
+#                   the background from the start (a copy of the tree), to say whether it works
+#
+# Prebuilt. GPU_CHECK_PREBUILT=ARCHIVE (made by tools/gpu_bundle.sh on any machine
+# with nvcc) unpacks its binaries in place of the two build stages, adds its
+# libraries to LD_LIBRARY_PATH, and takes the ptxas figures from its build log.
+# Whichever way the binaries came, a library they load that the loader does not
+# find (CUDA's cuBLASLt or NCCL installed outside its path, in a Python package
+# say) is looked for under /usr/local, /opt and /usr/lib and its folder added to
+# LD_LIBRARY_PATH (OUTDIR/libraries.txt says what was found where).
 # A GPU stage that fails (not by its time limit) runs once more with
 # CUDA_LAUNCH_BLOCKING=1, where a CUDA error names the kernel that caused it
 # (kernels/cuda/common.cuh); its first CUDA error line goes to the summary.
@@ -38,6 +52,7 @@
 #
 # Environment:
 #   GPU_CHECK_BUDGET_S   the time budget of the whole run, seconds (default 470)
+#   GPU_CHECK_PREBUILT   an archive of tools/gpu_bundle.sh to run instead of building (above)
 #   GPU_CHECK_MAKE_ARGS  extra make arguments for both builds, e.g. BLAS_DIR=/usr/lib64 on a
 #                        non-Debian layout (word-split)
 #   CUDA_ARCHS           nvcc's -gencode flags (default: the GPU's compute capability)
@@ -50,6 +65,11 @@ case "${1:-}" in
 esac
 out=${1:-build/gpu_check}
 text=${2:-${KNNGPT_TEXT:-}}
+prebuilt=${GPU_CHECK_PREBUILT:-}
+if [ -n "$prebuilt" ]; then
+  [ -r "$prebuilt" ] || { echo "gpu_check: cannot read GPU_CHECK_PREBUILT=$prebuilt"; exit 2; }
+  prebuilt=$(cd "$(dirname "$prebuilt")" && pwd)/$(basename "$prebuilt")
+fi
 mkdir -p "$out" || { echo "gpu_check: cannot create $out"; exit 2; }
 out=$(cd "$out" && pwd)
 if [ -n "$text" ]; then
@@ -64,8 +84,9 @@ started=$(date +%s)
 deadline=$((started + budget))
 jobs=$(nproc)
 make_args=(${GPU_CHECK_MAKE_ARGS:-})
-stages=(device build-trainer build-tests native-tests racecheck synccheck train-exact train-knn train-sampled
-        nccl-world1 nccl-worldN bench-attention)
+stages=(device build-trainer build-tests native-tests train-exact train-knn train-sampled bench-attention
+        nccl-world1 nccl-worldN racecheck synccheck)
+[ -n "$prebuilt" ] && stages+=(build-here)
 declare -A result=()   # stage -> its summary line
 details=()             # lines printed under the summary (the benchmark's figures)
 failed=0
@@ -173,13 +194,13 @@ if ! nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then
   record FAIL device "no NVIDIA GPU found (nvidia-smi lists none): nothing to check here"
   exit 2
 fi
-if ! command -v "${NVCC:-nvcc}" > /dev/null; then
-  record FAIL device "nvcc not found: install the CUDA toolkit or set NVCC"
+if [ -z "$prebuilt" ] && ! command -v "${NVCC:-nvcc}" > /dev/null; then
+  record FAIL device "nvcc not found: install the CUDA toolkit or set NVCC (or GPU_CHECK_PREBUILT)"
   exit 2
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-nvcc_version=$("${NVCC:-nvcc}" --version | grep -oE 'release [0-9.]+' | head -1)
+nvcc_version=$("${NVCC:-nvcc}" --version 2> /dev/null | grep -oE 'release [0-9.]+' | head -1)
 # Only the GPU's own architecture: halves the nvcc time of the default two.
 cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2> /dev/null | head -1 | tr -d '.')
 archs=${CUDA_ARCHS:-"-gencode arch=compute_${cc:-90},code=sm_${cc:-90}"}
@@ -187,28 +208,83 @@ record PASS device "$gpu, nvcc ${nvcc_version:-?}, $archs"
 
 # ---- builds: the trainer and the benchmark first, the host-dependent tests after (make -k)
 built() { [ -x "$1" ]; }
-banner "build-trainer (nvcc, $archs)"
-t0=$(date +%s)
-limit=$(limit_for 200 build-trainer)
-# -Xptxas -v: registers, spills and shared memory of every kernel, into OUTDIR/ptxas.txt
-run_limited "$limit" "$out/build-trainer.log" make -j"$jobs" "${make_args[@]}" CUDA_ARCHS="$archs" \
-  NVCC_EXTRA="-Xptxas -v" train_gpt build/bench_attention_cuda
-rc=$?
-tail -5 "$out/build-trainer.log"
+trainer_bins=(train_gpt build/bench_attention_cuda)
+host_targets="native-test-bins train_gpt_cpu prepare_data build/tests/test_cuda_trainer"
+host_bins=(build/native/train_gpt_fp32 build/native/train_gpt_bf16 train_gpt_cpu prepare_data build/tests/test_cuda_trainer)
+for t in tests/test_cuda_*.cpp; do
+  [ "$t" = tests/test_cuda_trainer.cpp ] || host_bins+=("build/native/$(basename "$t" .cpp)")
+done
+# resolve_libraries BIN...: for each library the loader does not find for BIN..., a
+# folder under /usr/local, /opt or /usr/lib that holds it goes on LD_LIBRARY_PATH.
+# Prints what it found and what it did not (also to OUTDIR/libraries.txt).
+resolve_libraries() {
+  local lib dir missing
+  missing=$(ldd "$@" 2> /dev/null | awk '$2 == "=>" && $3 == "not" { print $1 }' | sort -u)
+  for lib in $missing; do
+    dir=$(timeout 30 find /usr/local /opt /usr/lib /usr/lib64 -name "$lib" \( -type f -o -type l \) 2> /dev/null |
+          head -1 | xargs -r dirname)
+    if [ -n "$dir" ]; then
+      export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+      echo "found $lib in $dir"
+    else
+      echo "not found: $lib"
+    fi
+  done | tee -a "$out/libraries.txt"
+}
+# unresolved BIN...: the libraries still missing, space-separated
+unresolved() { ldd "$@" 2> /dev/null | awk '$2 == "=>" && $3 == "not" { print $1 }' | sort -u | tr '\n' ' '; }
+: > "$out/libraries.txt"
+
+if [ -n "$prebuilt" ]; then
+  banner "build-trainer (prebuilt: $prebuilt)"
+  if tar -xzf "$prebuilt" > "$out/build-trainer.log" 2>&1; then
+    export LD_LIBRARY_PATH="$PWD/build/gpu_bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    cp build/gpu_bundle/build.log "$out/build-trainer.log"
+    cat build/gpu_bundle/manifest
+    cp build/gpu_bundle/manifest "$out/manifest.txt"
+  fi
+else
+  banner "build-trainer (nvcc, $archs)"
+  t0=$(date +%s)
+  limit=$(limit_for 200 build-trainer)
+  # -Xptxas -v: registers, spills and shared memory of every kernel, into OUTDIR/ptxas.txt
+  run_limited "$limit" "$out/build-trainer.log" make -j"$jobs" "${make_args[@]}" CUDA_ARCHS="$archs" \
+    NVCC_EXTRA="-Xptxas -v" "${trainer_bins[@]}"
+  rc=$?
+  tail -5 "$out/build-trainer.log"
+fi
 tools/ptxas_summary.sh "$out/build-trainer.log" > "$out/ptxas.txt" 2>&1 || true
 ptxas_line=$(tools/ptxas_summary.sh -q "$out/build-trainer.log" 2>/dev/null || echo "no ptxas summary")
 head -12 "$out/ptxas.txt"
 missing=""
-for p in train_gpt build/bench_attention_cuda; do built "$p" || missing="$missing $p"; done
-if [ $rc = 0 ]; then
+for p in "${trainer_bins[@]}"; do built "$p" || missing="$missing $p"; done
+built train_gpt && resolve_libraries "${trainer_bins[@]}"
+libs_missing=$(built train_gpt && unresolved "${trainer_bins[@]}")
+if [ -n "$prebuilt" ]; then
+  if [ -z "$missing" ] && [ -z "$libs_missing" ]; then
+    record PASS build-trainer "prebuilt ($(head -1 build/gpu_bundle/manifest)); $ptxas_line (ptxas.txt)"
+  else
+    record FAIL build-trainer "prebuilt archive${missing:+: not in it:$missing}${libs_missing:+; libraries not found: $libs_missing}"
+  fi
+elif [ $rc = 0 ] && [ -z "$libs_missing" ]; then
   record PASS build-trainer "train_gpt, bench_attention_cuda in $(( $(date +%s) - t0 )) s; $ptxas_line (ptxas.txt)"
 else
-  record FAIL build-trainer "exit status $rc$([ $rc = 124 ] && echo " (time limit $limit s)")${missing:+; not built:$missing} (see $out/build-trainer.log)"
+  record FAIL build-trainer "exit status $rc$([ $rc = 124 ] && echo " (time limit $limit s)")${missing:+; not built:$missing}${libs_missing:+; libraries not found: $libs_missing} (see $out/build-trainer.log)"
 fi
 
-banner "build-tests (make -k)"
-host_targets="native-test-bins train_gpt_cpu prepare_data build/tests/test_cuda_trainer"
-if [ ! -f /usr/include/gtest/gtest.h ] || [ -z "$(ls /usr/include/*/cblas.h /usr/include/cblas.h 2> /dev/null)" ] ||
+banner "build-tests"
+if [ -n "$prebuilt" ]; then
+  missing=""
+  for p in "${host_bins[@]}"; do built "$p" || missing="$missing $p"; done
+  present=(); for p in "${host_bins[@]}"; do built "$p" && present+=("$p"); done
+  [ ${#present[@]} -gt 0 ] && resolve_libraries "${present[@]}"
+  libs_missing=$([ ${#present[@]} -gt 0 ] && unresolved "${present[@]}")
+  if [ -z "$missing" ] && [ -z "$libs_missing" ]; then
+    record PASS build-tests "prebuilt: ${#host_bins[@]} test binaries and programs"
+  else
+    record FAIL build-tests "prebuilt archive${missing:+: not in it:$missing}${libs_missing:+; libraries not found: $libs_missing}"
+  fi
+elif [ ! -f /usr/include/gtest/gtest.h ] || [ -z "$(ls /usr/include/*/cblas.h /usr/include/cblas.h 2> /dev/null)" ] ||
    ! command -v g++ > /dev/null; then
   record SKIP build-tests "g++, GoogleTest or OpenBLAS headers missing (bash tools/install_deps.sh --tests installs them)"
 else
@@ -220,11 +296,25 @@ else
   broken=$(grep -oE '\*\*\* \[[^]]*: [^]]+\] Error' "$out/build-tests.log" | sed -E 's/.*: ([^]]+)\] Error/\1/' |
            sort -u | tr '\n' ' ')
   grep -E 'error|Error' "$out/build-tests.log" | head -10
+  present=(); for p in "${host_bins[@]}"; do built "$p" && present+=("$p"); done
+  [ ${#present[@]} -gt 0 ] && resolve_libraries "${present[@]}"
   if [ $rc = 0 ]; then
     record PASS build-tests "in $(( $(date +%s) - t0 )) s"
   else
     record FAIL build-tests "exit status $rc$([ $rc = 124 ] && echo " (time limit $limit s)")${broken:+; failed: $broken}(see $out/build-tests.log)"
   fi
+fi
+
+# ---- build-here (prebuilt only): the build from source, in the background, in a copy of the tree
+here_pid=""
+if [ -n "$prebuilt" ] && command -v "${NVCC:-nvcc}" > /dev/null; then
+  here_dir=$(mktemp -d)
+  tar --exclude=./build --exclude=./.git --exclude=./train_gpt --exclude=./train_gpt_cpu --exclude=./prepare_data \
+    -cf - . | tar -xf - -C "$here_dir"
+  here_started=$(date +%s)
+  (cd "$here_dir" && nice -n 19 make -k -j"$(( jobs > 8 ? jobs / 2 : 2 ))" "${make_args[@]}" CUDA_ARCHS="$archs" \
+     "${trainer_bins[@]}" $host_targets) > "$out/build-here.log" 2>&1 &
+  here_pid=$!
 fi
 
 # ---- native tests: whatever built
@@ -250,33 +340,6 @@ else
     record FAIL native-tests "every test skipped: $(grep -m1 -iE 'skip.*(device|gpu)|no cuda' "$out/native-tests.log")"
   fi
 fi
-
-# ---- compute-sanitizer on the attention, top-k and sampled-gradient tests
-sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v "${NVCC:-nvcc}")")/compute-sanitizer")
-sanitizer_figure() { grep -hoE '(ERROR|RACECHECK) SUMMARY: .*' "$1" | sort | uniq -c |
-                     sed -E 's/^ *([0-9]+) (.*)/\2 (x\1)/' | tr '\n' ';' | sed 's/;$//; s/;/; /g'; }
-# sanitize TOOL: the three tests under compute-sanitizer --tool TOOL, one after another
-sanitize() {
-  local tool=$1 rc=0 b
-  for b in build/native/test_cuda_attention build/native/test_cuda_knn build/native/test_cuda_sampled_grad; do
-    echo "== $b"
-    "$sanitizer" --tool "$tool" --error-exitcode 1 "$b" || rc=1
-  done
-  return $rc
-}
-export -f sanitize
-export sanitizer
-for tool in racecheck synccheck; do
-  if [ ! -x "$sanitizer" ]; then
-    record SKIP $tool "compute-sanitizer not found (part of the CUDA toolkit)"
-  elif ! built build/native/test_cuda_attention || ! built build/native/test_cuda_knn ||
-       ! built build/native/test_cuda_sampled_grad; then
-    record SKIP $tool "the attention, knn or sampled-gradient native test did not build"
-  else
-    limit_own=100; [ $tool = synccheck ] && limit_own=60
-    gpu_stage $tool $limit_own sanitizer_figure bash -c "sanitize $tool"
-  fi
-done
 
 # ---- training at GPT-2 124M shapes
 if [ -z "$text" ]; then
@@ -314,22 +377,33 @@ train_stage() {
     -b 16 -t 1024 -x "$steps" -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 "$@"
 }
 train_stage train-exact 75 20 --
-train_stage train-knn 45 3 -- --attn knn --attn-k 16
-train_stage train-sampled 45 3 -- --attn-grad sampled --attn-grad-samples 16
+train_stage train-knn 45 6 -- --attn knn --attn-k 32
+train_stage train-sampled 45 6 -- --attn-grad sampled --attn-grad-samples 16
 
-# ---- NCCL: data parallel on one GPU (world 1), then on every GPU of the machine (ZeRO-1)
-if ! command -v mpirun > /dev/null; then
-  record SKIP nccl-world1 "no mpirun (apt-get install openmpi-bin libopenmpi-dev)"
-  record SKIP nccl-worldN "no mpirun"
+# ---- NCCL: data parallel on one GPU (world 1), then on every GPU of the machine (ZeRO-1).
+# The processes meet through a shared directory (-pi fs), which needs no MPI in the
+# build nor mpirun on the machine. nccl_fs N CMD...: CMD as N ranks, rank 0 in the
+# foreground (its output is the stage's log), the others' output in DIR/rankR.log.
+nccl_fs() {
+  local n=$1; shift
+  local dir pids=() r rc=0
+  dir=$(mktemp -d)
+  for ((r = 1; r < n; r++)); do
+    "$@" -pi fs -pn "$n" -pr "$r" -pg "$n" -pp "$dir" > "$dir/rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  "$@" -pi fs -pn "$n" -pr 0 -pg "$n" -pp "$dir" || rc=$?
+  for r in "${pids[@]}"; do wait "$r" || rc=1; done
+  [ $rc = 0 ] || tail -n 5 "$dir"/rank*.log 2> /dev/null
+  return $rc
+}
+export -f nccl_fs
+train_stage nccl-world1 60 5 bash -c 'nccl_fs "$@"' nccl_fs 1 -- -z 1
+gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+if [ "${gpus:-0}" -gt 1 ]; then
+  train_stage nccl-worldN 90 5 bash -c 'nccl_fs "$@"' nccl_fs "$gpus" -- -z 1 -d $((16 * 1024 * gpus))
 else
-  [ "$(id -u)" -eq 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  train_stage nccl-world1 60 5 mpirun -q --timeout 55 -np 1 -- -z 1
-  gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
-  if [ "${gpus:-0}" -gt 1 ]; then
-    train_stage nccl-worldN 90 5 mpirun -q --timeout 85 -np "$gpus" -- -z 1 -d $((16 * 1024 * gpus))
-  else
-    record SKIP nccl-worldN "one GPU here"
-  fi
+  record SKIP nccl-worldN "one GPU here"
 fi
 
 # ---- attention benchmark: the check against the reference kernels, then TFLOP/s
@@ -361,6 +435,59 @@ else
   while IFS=$'\t' read -r T HS fwd bwd bf16_fwd bf16_bwd; do
     details+=("      attention T=$T HS=$HS: fwd $fwd TFLOP/s, bwd $bwd TFLOP/s; bf16 fwd $bf16_fwd TFLOP/s, bwd $bf16_bwd TFLOP/s")
   done < <(bench_fields "$bench_log" "attention " T HS fwd_TFLOPs bwd_TFLOPs bf16_fwd_TFLOPs bf16_bwd_TFLOPs)
+  while IFS=$'\t' read -r T topk fwd efwd ratio sbwd lbwd ebwd; do
+    details+=("      knn T=$T HS=64 k=32: top-k $topk ms ($ratio x the exact fwd $efwd ms), knn fwd $fwd ms; sampled bwd s=16 exact-row $sbwd ms, lazy-Gumbel $lbwd ms (exact bwd $ebwd ms)")
+  done < <(bench_fields "$bench_log" "knn " T topk_ms knn_fwd_ms exact_fwd_ms topk_over_exact_fwd sampled_bwd_ms lazy_bwd_ms exact_bwd_ms)
   write_summary
+fi
+
+# ---- compute-sanitizer on the attention, top-k and sampled-gradient tests
+sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v "${NVCC:-nvcc}")")/compute-sanitizer")
+sanitizer_figure() { grep -hoE '(ERROR|RACECHECK) SUMMARY: .*' "$1" | sort | uniq -c |
+                     sed -E 's/^ *([0-9]+) (.*)/\2 (x\1)/' | tr '\n' ';' | sed 's/;$//; s/;/; /g'; }
+# sanitize TOOL: the three tests under compute-sanitizer --tool TOOL, one after another
+sanitize() {
+  local tool=$1 rc=0 b
+  for b in build/native/test_cuda_attention build/native/test_cuda_knn build/native/test_cuda_sampled_grad; do
+    echo "== $b"
+    "$sanitizer" --tool "$tool" --error-exitcode 1 "$b" || rc=1
+  done
+  return $rc
+}
+export -f sanitize
+export sanitizer
+for tool in racecheck synccheck; do
+  if [ ! -x "$sanitizer" ]; then
+    record SKIP $tool "compute-sanitizer not found (part of the CUDA toolkit)"
+  elif ! built build/native/test_cuda_attention || ! built build/native/test_cuda_knn ||
+       ! built build/native/test_cuda_sampled_grad; then
+    record SKIP $tool "the attention, knn or sampled-gradient native test did not build"
+  else
+    limit_own=100; [ $tool = synccheck ] && limit_own=60
+    gpu_stage $tool $limit_own sanitizer_figure bash -c "sanitize $tool"
+  fi
+done
+
+# ---- build-here (prebuilt only): wait for the background build from source
+if [ -n "$prebuilt" ]; then
+  banner build-here
+  if [ -z "$here_pid" ]; then
+    record SKIP build-here "no nvcc on this machine"
+  else
+    limit=$(limit_for 60 build-here)
+    waited=0
+    while kill -0 "$here_pid" 2> /dev/null && [ $waited -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
+    if kill -0 "$here_pid" 2> /dev/null; then
+      pkill -TERM -P "$here_pid" 2> /dev/null; kill -TERM "$here_pid" 2> /dev/null
+      record FAIL build-here "still building after $(( $(date +%s) - here_started )) s, stopped (see $out/build-here.log)"
+    elif wait "$here_pid"; then
+      record PASS build-here "every target built from source here (done $(( $(date +%s) - here_started )) s after the start)"
+    else
+      broken=$(grep -oE '\*\*\* \[[^]]*: [^]]+\] Error' "$out/build-here.log" | sed -E 's/.*: ([^]]+)\] Error/\1/' |
+               sort -u | tr '\n' ' ')
+      record FAIL build-here "failed: ${broken:-?}; first error: $(grep -m1 -E 'error' "$out/build-here.log") (see $out/build-here.log)"
+    fi
+    tail -5 "$out/build-here.log"
+  fi
 fi
 exit $failed
