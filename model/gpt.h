@@ -622,7 +622,7 @@ inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false)
         if (last_micro_batch && gpt_all_reduces(model)) model.parallel.comm->all_reduce_start(block_gradient_spans(model, l));
     }
     model.blocks_reduced = last_micro_batch && gpt_all_reduces(model);
-    ops::encoder_backward(g.wte, g.wpe, ga.residual, model.inputs, B, T, C);
+    ops::encoder_backward(g.wte, g.wpe, ga.residual, model.inputs, B, T, C, model.config.vocab_size);
 }
 
 struct AdamWConfig {

@@ -254,7 +254,7 @@ TEST(CpuOps, EncoderBackwardMatchesFiniteDifferencesWithRepeatedTokens) {
     auto wte = uniform((size_t)V * C, 5), wpe = uniform((size_t)maxT * C, 6);
     auto w = uniform((size_t)B * T * C, 7);
     vector<float> dwte(wte.size(), 0.0f), dwpe(wpe.size(), 0.0f);
-    cpu::encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C);
+    cpu::encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C, V);
 
     auto wte_d = to_double(wte), wpe_d = to_double(wpe);
     auto forward = [&] { return ref_encoder(inp, wte_d, wpe_d, B, T, C); };
@@ -634,7 +634,7 @@ TEST(CpuOps, BackwardsAccumulateIntoGradients) {
     auto inp = random_ints(N, 72, V);
     vector<float> dwte((size_t)V * C), dwpe((size_t)T * C);
     run_twice("encoder", {&dwte, &dwpe},
-              [&] { cpu::encoder_backward(dwte.data(), dwpe.data(), dout_c.data(), inp.data(), B, T, C); });
+              [&] { cpu::encoder_backward(dwte.data(), dwpe.data(), dout_c.data(), inp.data(), B, T, C, V); });
 
     // layernorm
     auto x = uniform((size_t)N * C, 73), weight = uniform(C, 74), bias = uniform(C, 75);

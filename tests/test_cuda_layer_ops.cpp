@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/encoder.h"
@@ -69,11 +70,34 @@ CUDA_TEST(CudaEncoder, BackwardAccumulatesLikeCpu) {
     DeviceArray<int> d_inp(inp);
     DeviceArray<float> d_dout(dout), d_dwte(dwte), d_dwpe(dwpe);
     for (int pass = 0; pass < 2; pass++) {
-        knngpt::cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), kB, kT, C);
-        knngpt::cuda::encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, d_inp.ptr, kB, kT, C);
+        knngpt::cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), kB, kT, C, kV);
+        knngpt::cuda::encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, d_inp.ptr, kB, kT, C, kV);
     }
     expect_close(d_dwte.to_host(), dwte, kTolerance, "dwte");
     expect_close(d_dwpe.to_host(), dwpe, kTolerance, "dwpe");
+}
+
+// dwte sums each token's rows in position order, deterministically: from a
+// zeroed dwte it is the CPU twin's bit for bit, on every call. 2600 positions span three chunks of the counting sort (1024 each), with
+// few tokens (every row of dwte gathers ~400 positions from every chunk), one
+// token never used, and one token used at a single position.
+CUDA_TEST(CudaEncoder, BackwardWteIsTheCpuSumInPositionOrder) {
+    const int B = 2, T = 1300, C = 33, V = 9;
+    std::vector<int> inp = random_ints((size_t)B * T, 14, V - 2);  // tokens 0..6
+    inp[1777] = V - 1;                                              // token 8 once; token 7 never
+    const std::vector<float> dout = uniform((size_t)B * T * C, 15);
+    std::vector<float> dwte((size_t)V * C, 0.0f), dwpe((size_t)T * C, 0.0f);
+    knngpt::cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C, V);
+
+    DeviceArray<int> d_inp(inp);
+    DeviceArray<float> d_dout(dout);
+    for (int call = 0; call < 2; call++) {
+        DeviceArray<float> d_dwte(std::vector<float>(dwte.size(), 0.0f)), d_dwpe(std::vector<float>(dwpe.size(), 0.0f));
+        knngpt::cuda::encoder_backward(d_dwte.ptr, d_dwpe.ptr, d_dout.ptr, d_inp.ptr, B, T, C, V);
+        const std::vector<float> got = d_dwte.to_host();
+        EXPECT_EQ(std::memcmp(got.data(), dwte.data(), got.size() * sizeof(float)), 0) << "call " << call;
+        for (int c = 0; c < C; c++) EXPECT_EQ(got[(size_t)7 * C + c], 0.0f) << "the unused token's row, channel " << c;
+    }
 }
 
 // ---- residual -----------------------------------------------------------------
@@ -179,6 +203,32 @@ CUDA_TEST(CudaLayerNorm, BackwardAccumulatesLikeCpu) {
         expect_close(d_dinp.to_host(), dinp, kTolerance, "dinp");
         expect_close(d_dweight.to_host(), dweight, kTolerance, "dweight");
         expect_close(d_dbias.to_host(), dbias, kTolerance, "dbias");
+    }
+}
+
+// dweight and dbias sum over rows in a fixed order (chunk partials, then the
+// chunks in order), so two calls give the same bits; 1000 rows span four chunks.
+// (Under the emulator blocks run one after another and any order would repeat;
+// on a GPU this is what atomics would break.)
+CUDA_TEST(CudaLayerNorm, BackwardParamsAreTheSameBitsOnEveryCall) {
+    const int N = 1000, C = 70;
+    const std::vector<float> inp = uniform((size_t)N * C, 27, -2.0f, 3.0f), weight = uniform(C, 28),
+                             dout = uniform((size_t)N * C, 29), mean = uniform(N, 30), rstd = uniform(N, 31, 0.5f, 2.0f);
+    DeviceArray<float> d_inp(inp), d_weight(weight), d_dout(dout), d_mean(mean), d_rstd(rstd);
+    std::vector<float> first_dweight, first_dbias;
+    for (int call = 0; call < 3; call++) {
+        DeviceArray<float> d_dinp(std::vector<float>((size_t)N * C, 0.0f)), d_dweight(std::vector<float>(C, 0.0f)),
+            d_dbias(std::vector<float>(C, 0.0f));
+        knngpt::cuda::layernorm_backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, d_dout.ptr, d_inp.ptr, d_weight.ptr,
+                                         d_mean.ptr, d_rstd.ptr, N, C);
+        const std::vector<float> dweight = d_dweight.to_host(), dbias = d_dbias.to_host();
+        if (call > 0) {
+            EXPECT_EQ(std::memcmp(dweight.data(), first_dweight.data(), C * sizeof(float)), 0) << "call " << call;
+            EXPECT_EQ(std::memcmp(dbias.data(), first_dbias.data(), C * sizeof(float)), 0) << "call " << call;
+        } else {
+            first_dweight = dweight;
+            first_dbias = dbias;
+        }
     }
 }
 

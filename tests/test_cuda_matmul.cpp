@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -336,9 +337,9 @@ CUDA_TEST(CudaMatmul, RegisteredWeightsReadTheBf16CopyAdamWKeeps) {
 // kernels, for every matmul_fusion() setting, give the CPU twin's result
 // (fp32 operands, 1e-5): matmul_forward with and without bias, and
 // matmul_forward_gelu's two outputs. Two shapes: OC = 29 rows per column of
-// the column-major output is not a multiple of 8, as the GELU input's leading
-// dimension must be for the real library (which then falls back to our
-// kernels); OC = 32 is, so on a GPU the fused GELU runs too.
+// the column-major output is not a multiple of 8, which we expected the real
+// library to refuse for the GELU input (CUDA 13 on an H200 takes it all the
+// same); OC = 32 is, so on a GPU the fused GELU runs there in any case.
 //
 // On a GPU the fused GELU is cuBLASLt's own, not gelu.cuh's: the same tanh
 // form y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), but with
@@ -357,14 +358,22 @@ constexpr double kLibraryTanhRelError = 1.0 / 1024.0;  // 2^-10
 constexpr double kGemmOrderSlack = 2e-5;               // 1e-5 max|x| through a slope <= 1.13, rounded up
 
 // Whether the GEMM library takes the epilogue (with GELU's stored input when
-// gelu) of the product (N, C) x (C, OC).
-bool library_has_epilogue(int C, int OC, bool gelu) {
+// gelu) of the product (N, C) x (C, OC), where a test can know it: the emulated
+// library takes every epilogue of a non-empty product, and an empty product
+// (C = 0) is always ours. Otherwise cuBLASLt decides at run time, and its offer
+// depends on its version and the GPU: CUDA 13 on an H200 fuses GELU at a GELU-
+// input leading dimension of 29, which its documentation led us to expect it
+// would not (seen on the first GPU run). Then nullopt.
+std::optional<bool> library_has_epilogue(int C, int OC, bool gelu) {
 #if defined(KNNGPT_CUDA_EMU)
     (void)OC;
     (void)gelu;
     return C > 0;
 #else
-    return C > 0 && (!gelu || OC % 8 == 0);
+    (void)OC;
+    (void)gelu;
+    if (C == 0) return false;
+    return std::nullopt;
 #endif
 }
 
@@ -397,11 +406,13 @@ CUDA_TEST(CudaMatmul, EpilogueFusionsMatchCpu) {
                                  bias = uniform(OC, 32);
         DeviceArray<float> d_inp(inp), d_weight(weight), d_bias(bias);
         matmul_fusion() = fusion;
-        // the GELU is the GPU library's (not gelu.cuh's) where it takes the GELU epilogue
+        // the GELU is the GPU library's (not gelu.cuh's) where it may take the GELU
+        // epilogue; its bound also holds for our own GELU (1e-5), so it is used
+        // wherever the library decides
 #if defined(KNNGPT_CUDA_EMU)
         const bool library_gelu = false;
 #else
-        const bool library_gelu = library_has_epilogue(C, OC, true);
+        const bool library_gelu = library_has_epilogue(C, OC, true).value_or(true);
 #endif
         for (bool with_bias : {true, false}) {
             SCOPED_TRACE("OC " + std::to_string(OC) + ", fusion " + std::to_string((int)fusion) +
@@ -475,9 +486,15 @@ void expect_epilogue_paths(const Shape& s) {
         // what goes to the epilogue, and whether the library takes it
         const bool epilogue_bias = with_bias && fusion != MatmulFusion::None;
         const bool epilogue_gelu = gelu && fusion == MatmulFusion::BiasGelu;
-        const bool fused = (epilogue_bias || epilogue_gelu) && library_has_epilogue(C, OC, epilogue_gelu);
         const int bias_kernels = launched.count("matmul_bias_add_kernel");
         const int gelu_kernels = launched.count("gelu_forward_kernel");
+        // where the library decides, whether it took the epilogue shows in the kernel it
+        // spared (our bias kernel, else our GELU kernel); the checks below then hold
+        // the other kernel to the same path
+        const bool requested = epilogue_bias || epilogue_gelu;
+        const bool fused =
+            requested && library_has_epilogue(C, OC, epilogue_gelu)
+                             .value_or(epilogue_bias ? bias_kernels == 0 : gelu_kernels == 0);
         EXPECT_EQ(bias_kernels, with_bias && !fused ? 1 : 0) << launched.list();
         EXPECT_EQ(gelu_kernels, gelu && !(fused && epilogue_gelu) ? 1 : 0) << launched.list();
         EXPECT_EQ(launched.size(), (size_t)(bias_kernels + gelu_kernels)) << launched.list();
@@ -496,7 +513,9 @@ void expect_epilogue_paths(const Shape& s) {
 // OC = 32: the library has every epilogue, so matmul_fusion() alone decides.
 CUDA_TEST(CudaMatmulPath, FusionSettingChoosesEpilogueOrOurKernels) { expect_epilogue_paths(Shape{9, 40, 32}); }
 
-// OC = 29: cuBLASLt has no GELU epilogue (our GELU kernel runs); the emulated library has.
+// OC = 29, a GELU-input leading dimension not a multiple of 8: the emulated library
+// takes the epilogue; cuBLASLt may or may not (CUDA 13 on an H200 does), and the
+// launches must be one consistent path either way.
 CUDA_TEST(CudaMatmulPath, GeluInputLeadingDimensionNotAMultipleOf8) { expect_epilogue_paths(Shape{13, 45, 29}); }
 
 // C = 0: never an epilogue, our kernels for whatever the fusion setting.
@@ -533,7 +552,7 @@ CUDA_TEST(CudaMatmulDbias, TwoPassReductionMatchesColumnSumsAndRepeatsBitForBit)
                                               d_weight.ptr, N, C, OC);
             });
             EXPECT_EQ(launched.count("matmul_dbias_partial_kernel"), 1) << launched.list();
-            EXPECT_EQ(launched.count("matmul_dbias_final_kernel"), 1) << launched.list();
+            EXPECT_EQ(launched.count("add_chunk_sums_kernel"), 1) << launched.list();
             return d_dbias.to_host();
         };
         const std::vector<float> first = run(), second = run();

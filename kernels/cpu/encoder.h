@@ -26,8 +26,10 @@ inline void encoder_forward(float* out, const int* inp, const float* wte, const 
     }
 }
 
+// V: rows of dwte (every token id is below it); the CUDA twin sorts by token with it.
 inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp,
-                             int B, int T, int C) {
+                             int B, int T, int C, int V) {
+    (void)V;
     // dwpe: each position t is owned by one iteration, summing over the batch.
     #pragma omp parallel for
     for (int t = 0; t < T; t++) {

@@ -157,6 +157,20 @@ __host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {
     return (a + b - 1) / b;
 }
 
+// The second pass of a deterministic column sum over rows in chunks (matmul's
+// dbias, layernorm's dweight and dbias): dst[o] += partial[0, o] + partial[1, o]
+// + ... + partial[chunks - 1, o], in that order, one thread per column o.
+// partial is (chunks, n). The same bits on every run, unlike atomics.
+constexpr int kChunkSumThreads = 256;
+
+__global__ void add_chunk_sums_kernel(float* dst, const float* partial, int chunks, int n) {
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= n) return;
+    float sum = 0.0f;
+    for (int chunk = 0; chunk < chunks; chunk++) sum += partial[(size_t)chunk * n + o];
+    dst[o] += sum;
+}
+
 }  // namespace knngpt::cuda
 
 #define CUDA_CHECK(call) ::knngpt::cuda::check_cuda((call), __FILE__, __LINE__)
@@ -172,3 +186,13 @@ __host__ __device__ constexpr std::common_type_t<A, B> ceil_div(A a, B b) {
     extern __shared__ __align__(128) unsigned char knngpt_dynamic_shared_bytes[]; \
     type* name = reinterpret_cast<type*>(knngpt_dynamic_shared_bytes)
 #endif
+
+namespace knngpt::cuda {
+
+// dst (n) += the chunk-ordered sum of partial (chunks, n): add_chunk_sums_kernel.
+inline void add_chunk_sums(float* dst, const float* partial, int chunks, int n) {
+    if (n == 0) return;
+    launch(add_chunk_sums_kernel, ceil_div(n, kChunkSumThreads), kChunkSumThreads, 0, nullptr, dst, partial, chunks, n);
+}
+
+}  // namespace knngpt::cuda

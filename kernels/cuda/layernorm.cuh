@@ -15,9 +15,10 @@
 // dinp, dweight and dbias; the caller zeroes them. Device pointers.
 //
 // Design: one warp per row for everything that reduces over a row (forward,
-// dinp), with warp_reduce_sum. dweight/dbias reduce over rows instead: a block
-// owns a tile of 32 channels x kLayerNormParamRows rows, reduces it in shared
-// memory, and adds its partial sums with atomicAdd (one per channel per block).
+// dinp), with warp_reduce_sum. dweight/dbias reduce over rows instead, in two
+// passes with no atomics (the same bits on every run): a block owns a tile of 32
+// channels x kLayerNormParamRows rows and writes its sums to a partial row of
+// its chunk; add_chunk_sums (common.cuh) then adds the chunks in order.
 #pragma once
 
 #include <cstddef>
@@ -86,11 +87,13 @@ __global__ void layernorm_backward_input_kernel(float* dinp, const float* dout, 
                                           dnorm_norm_mean);
 }
 
-// dweight, dbias. Block (32, kLayerNormParamStripes): threadIdx.x picks the
-// channel c of tile blockIdx.x (adjacent threads read adjacent channels),
-// threadIdx.y a stripe of the rows of chunk blockIdx.y.
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const float* dout, const float* inp,
-                                                 const float* mean, const float* rstd, int N, int C) {
+// dweight, dbias, pass 1: dweight_partial[chunk, c] and dbias_partial[chunk, c],
+// the sums over the rows of chunk = blockIdx.y. Block (32, kLayerNormParamStripes):
+// threadIdx.x picks the channel c of tile blockIdx.x (adjacent threads read
+// adjacent channels), threadIdx.y a stripe of the chunk's rows.
+__global__ void layernorm_backward_params_kernel(float* dweight_partial_out, float* dbias_partial_out,
+                                                 const float* dout, const float* inp, const float* mean,
+                                                 const float* rstd, int N, int C) {
     __shared__ float dweight_partial[kLayerNormParamStripes][32];
     __shared__ float dbias_partial[kLayerNormParamStripes][32];
     const int c = blockIdx.x * 32 + threadIdx.x;
@@ -112,8 +115,8 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
             dweight_sum += dweight_partial[stripe][threadIdx.x];
             dbias_sum += dbias_partial[stripe][threadIdx.x];
         }
-        atomicAdd(&dweight[c], dweight_sum);
-        atomicAdd(&dbias[c], dbias_sum);
+        dweight_partial_out[(size_t)blockIdx.y * C + c] = dweight_sum;
+        dbias_partial_out[(size_t)blockIdx.y * C + c] = dbias_sum;
     }
 }
 
@@ -133,9 +136,16 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
     const int rows_per_block = kLayerNormThreads / 32;
     launch(layernorm_backward_input_kernel, ceil_div(N, rows_per_block), kLayerNormThreads, 0, nullptr, dinp, dout,
            inp, weight, mean, rstd, N, C);
-    const dim3 grid(ceil_div(C, 32), ceil_div(N, kLayerNormParamRows));
+    const int chunks = ceil_div(N, kLayerNormParamRows);
+    static DeviceScratch partial_scratch;  // dweight's then dbias's (chunks, C) partial sums
+    float* dweight_partial = static_cast<float*>(partial_scratch.get(2 * (size_t)chunks * C * sizeof(float)));
+    float* dbias_partial = dweight_partial + (size_t)chunks * C;
+    const dim3 grid(ceil_div(C, 32), chunks);
     const dim3 block(32, kLayerNormParamStripes);
-    launch(layernorm_backward_params_kernel, grid, block, 0, nullptr, dweight, dbias, dout, inp, mean, rstd, N, C);
+    launch(layernorm_backward_params_kernel, grid, block, 0, nullptr, dweight_partial, dbias_partial, dout, inp, mean,
+           rstd, N, C);
+    add_chunk_sums(dweight, dweight_partial, chunks, C);
+    add_chunk_sums(dbias, dbias_partial, chunks, C);
 }
 
 }  // namespace knngpt::cuda

@@ -121,7 +121,6 @@ namespace knngpt::cuda {
 constexpr int kMatmulBiasThreads = 256;
 constexpr int kMatmulDbiasStripes = 16;                      // threadIdx.y of the dbias partial-sum kernel
 constexpr int kMatmulDbiasChunkRows = 256;                   // rows of dout per dbias partial sum
-constexpr int kMatmulDbiasFinalThreads = 256;
 constexpr size_t kMatmulPlanCapacity = 64;                   // cached GEMM plans before the cache is emptied
 constexpr size_t kMatmulWorkspaceBytes = 32u * 1024 * 1024;  // cuBLASLt workspace
 
@@ -204,15 +203,7 @@ __global__ void matmul_dbias_partial_kernel(float* partial, const float* dout, i
     if (threadIdx.y == 0 && o < OC) partial[(size_t)chunk * OC + o] = stripe_sum[0][threadIdx.x];
 }
 
-// dbias, pass 2: dbias[o] += sum over chunk = 0, 1, .., chunks-1 of
-// partial[chunk, o], in that order; one thread per column.
-__global__ void matmul_dbias_final_kernel(float* dbias, const float* partial, int chunks, int OC) {
-    const int o = blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= OC) return;
-    float sum = 0.0f;
-    for (int chunk = 0; chunk < chunks; chunk++) sum += partial[(size_t)chunk * OC + o];
-    dbias[o] += sum;
-}
+// dbias, pass 2 is add_chunk_sums (common.cuh).
 
 // ---- column-major GEMM --------------------------------------------------------
 
@@ -677,8 +668,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     float* partial = static_cast<float*>(dbias_partial.get((size_t)chunks * OC * sizeof(float)));
     launch(matmul_dbias_partial_kernel, dim3(ceil_div(OC, 32), chunks), dim3(32, kMatmulDbiasStripes), 0, nullptr,
            partial, dout, N, OC);
-    launch(matmul_dbias_final_kernel, ceil_div(OC, kMatmulDbiasFinalThreads), kMatmulDbiasFinalThreads, 0, nullptr,
-           dbias, partial, chunks, OC);
+    add_chunk_sums(dbias, partial, chunks, OC);
 }
 
 // How the GEMM plan cache has been used (hits, misses, evictions, plans held).
