@@ -1,6 +1,8 @@
-// tests/test_cuda_attention_bf16.cpp — the tensor-core attention of
-// kernels/cuda/attention_bf16.cuh (bf16 operands, fp32 accumulation) under the
-// emulator, forward and backward (twice, to check +=):
+// tests/test_cuda_attention_bf16.cpp — the tensor-core attention kernels, both
+// with bf16 operands and fp32 accumulation: the wmma kernels of
+// kernels/cuda/attention_bf16.cuh (the reference) and the register-level
+// FlashAttention-2 kernels of kernels/cuda/attention_mma.cuh (which the trainer
+// runs), each forward and backward (twice, to check +=):
 //   - against the fp32 CPU twin kernels/cpu/attention.h, with the bf16
 //     tolerance kTolerance (relative to the largest entry) of the header's
 //     error model;
@@ -12,12 +14,14 @@
 //     fp32 slack) of the CPU output on bf16 q, k, v; likewise dV is within
 //     u max|dO| max_j sum_i P_ij of the CPU dV on bf16 q, k, v, dO (same lse);
 //   - that the error against fp32 is not tiny, i.e. bf16 is really used.
-// Shapes: T not a multiple of 16 or 64 (one or two 64-row tiles), HS in
-// {16, 32, 64, 128}. Emulated wmma is slow, so the shapes are small.
+// Shapes: T not a multiple of 16 or 64 (one or two 64-row tiles; for the mma
+// kernels also four, so both stages of their double buffer are reused), HS in
+// {16, 32, 64, 128}. Emulated tensor cores are slow, so the shapes are small.
 #include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #include "kernels/cuda/attention_bf16.cuh"
 #include "kernels/cuda/attention_exact.cuh"
+#include "kernels/cuda/attention_mma.cuh"
 
 #include <gtest/gtest.h>
 
@@ -56,7 +60,17 @@ std::vector<float> round_channels(const std::vector<float>& qkv, int C, int firs
     return r;
 }
 
-void check_bf16_attention(const Shape& s, unsigned seed) {
+// A forward and backward pair of tensor-core kernels (same signatures as the
+// trainer's attention_forward / attention_backward).
+struct Bf16Kernels {
+    void (*forward)(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+    void (*backward)(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int B, int T,
+                     int C, int NH);
+};
+const Bf16Kernels kWmma{knngpt::cuda::attention_forward_bf16, knngpt::cuda::attention_backward_bf16};
+const Bf16Kernels kMma{knngpt::cuda::attention_forward_mma, knngpt::cuda::attention_backward_mma};
+
+void check_bf16_attention(const Shape& s, unsigned seed, const Bf16Kernels& kernels = kWmma) {
     const int B = s.B, T = s.T, C = s.C, NH = s.NH;
     const size_t n_qkv = s.qkv_size(), n_out = s.out_size(), n_lse = s.rows();
     const std::vector<float> qkv = attention_qkv(s, seed);
@@ -67,7 +81,7 @@ void check_bf16_attention(const Shape& s, unsigned seed) {
     knngpt::cpu::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
 
     DeviceArray<float> d_qkv(qkv), d_out(std::vector<float>(n_out, 0.0f)), d_lse(std::vector<float>(n_lse, 0.0f));
-    knngpt::cuda::attention_forward_bf16(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH);
+    kernels.forward(d_out.ptr, d_lse.ptr, d_qkv.ptr, B, T, C, NH);
     const std::vector<float> g_out = d_out.to_host(), g_lse = d_lse.to_host();
     const double out_err = max_rel_error(g_out.data(), out.data(), n_out);
     const double lse_err = max_rel_error(g_lse.data(), lse.data(), n_lse);
@@ -105,7 +119,7 @@ void check_bf16_attention(const Shape& s, unsigned seed) {
         knngpt::cpu::attention_backward(dqkv16.data(), dout16.data(), qkv16.data(), g_out.data(), g_lse.data(), B, T,
                                         C, NH);
         DeviceArray<float> d_dqkv1(std::vector<float>(n_qkv, 0.0f)), d_dout(dout);
-        knngpt::cuda::attention_backward_bf16(d_dqkv1.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
+        kernels.backward(d_dqkv1.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
         const std::vector<float> g = d_dqkv1.to_host();
         const int HS = C / NH;
         const double tau = 1.0 / std::sqrt((double)HS);
@@ -138,7 +152,7 @@ void check_bf16_attention(const Shape& s, unsigned seed) {
     DeviceArray<float> d_dout(dout), d_dqkv(dqkv);
     for (int pass = 1; pass <= 2; pass++) {
         knngpt::cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
-        knngpt::cuda::attention_backward_bf16(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
+        kernels.backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
         const std::vector<float> g = d_dqkv.to_host();
         const double err = max_rel_error(g.data(), dqkv.data(), n_qkv);
         EXPECT_LT(err, kTolerance) << "dqkv vs fp32 cpu, pass " << pass;
@@ -167,10 +181,22 @@ CUDA_TEST(CudaAttentionBf16, HeadSize64) { check_bf16_attention({1, 70, 128, 2},
 
 CUDA_TEST(CudaAttentionBf16, HeadSize128) { check_bf16_attention({1, 45, 256, 2}, 30); }
 
+CUDA_TEST(CudaAttentionMma, HeadSize16) { check_bf16_attention({2, 37, 32, 2}, 1, kMma); }
+
+CUDA_TEST(CudaAttentionMma, HeadSize32) { check_bf16_attention({1, 70, 64, 2}, 10, kMma); }
+
+CUDA_TEST(CudaAttentionMma, HeadSize64) { check_bf16_attention({1, 70, 128, 2}, 20, kMma); }
+
+// T = 230: four 64-row tiles, so each stage of the K, V (forward, dQ) and Q, dO
+// (dK, dV) double buffers is filled twice
+CUDA_TEST(CudaAttentionMma, HeadSize64FourTiles) { check_bf16_attention({1, 230, 64, 1}, 25, kMma); }
+
+CUDA_TEST(CudaAttentionMma, HeadSize128) { check_bf16_attention({1, 45, 256, 2}, 30, kMma); }
+
 // The trainer's exact attention (attention_exact.cuh) in this, the bf16 build: head
-// sizes that are multiples of 16 run the tensor-core kernels, with the same bits as
-// calling them directly; others (24 here), and B * NH past the grid's y, the fp32
-// tiled kernels. (The fp32 build's choice is checked end to end by test_cuda_trainer:
+// sizes that are multiples of 16 run the register-level tensor-core kernels
+// (attention_mma.cuh), with the same bits as calling them directly; others (24
+// here), and B * NH past the grid's y, the fp32 tiled kernels. (The fp32 build's choice is checked end to end by test_cuda_trainer:
 // train_gpt_emu matches train_gpt_cpu to 1e-5, which bf16 attention would not.)
 void expect_training_attention_path(int B, int T, int C, int NH, bool tensor_cores) {
     EXPECT_EQ(knngpt::cuda::attention_on_tensor_cores(B, C, NH), tensor_cores) << "C " << C << " NH " << NH;
@@ -183,13 +209,13 @@ void expect_training_attention_path(int B, int T, int C, int NH, bool tensor_cor
     const knngpt_test::Launches bwd = knngpt_test::launches_of([&] {
         knngpt::cuda::attention_backward(d_dqkv.ptr, d_dout.ptr, d_qkv.ptr, d_out.ptr, d_lse.ptr, B, T, C, NH);
     });
-    EXPECT_EQ(fwd.count("attention_forward_bf16_kernel"), tensor_cores ? 1 : 0) << fwd.list();
-    EXPECT_EQ(bwd.count("attention_backward_dkv_bf16_kernel"), tensor_cores ? 1 : 0) << bwd.list();
-    EXPECT_EQ(bwd.count("attention_backward_dq_bf16_kernel"), tensor_cores ? 1 : 0) << bwd.list();
+    EXPECT_EQ(fwd.count("attention_forward_mma_kernel"), tensor_cores ? 1 : 0) << fwd.list();
+    EXPECT_EQ(bwd.count("attention_backward_dkv_mma_kernel"), tensor_cores ? 1 : 0) << bwd.list();
+    EXPECT_EQ(bwd.count("attention_backward_dq_mma_kernel"), tensor_cores ? 1 : 0) << bwd.list();
     if (!tensor_cores) return;
     DeviceArray<float> d_out2(std::vector<float>(dout.size())), d_lse2(std::vector<float>((size_t)B * NH * T)), d_dqkv2(std::vector<float>(qkv.size(), 0.0f));
-    knngpt::cuda::attention_forward_bf16(d_out2.ptr, d_lse2.ptr, d_qkv.ptr, B, T, C, NH);
-    knngpt::cuda::attention_backward_bf16(d_dqkv2.ptr, d_dout.ptr, d_qkv.ptr, d_out2.ptr, d_lse2.ptr, B, T, C, NH);
+    knngpt::cuda::attention_forward_mma(d_out2.ptr, d_lse2.ptr, d_qkv.ptr, B, T, C, NH);
+    knngpt::cuda::attention_backward_mma(d_dqkv2.ptr, d_dout.ptr, d_qkv.ptr, d_out2.ptr, d_lse2.ptr, B, T, C, NH);
     EXPECT_EQ(d_out.to_host(), d_out2.to_host());
     EXPECT_EQ(d_lse.to_host(), d_lse2.to_host());
     EXPECT_EQ(d_dqkv.to_host(), d_dqkv2.to_host());
@@ -204,10 +230,11 @@ CUDA_TEST(CudaAttentionBf16, TrainingRunsTensorCoresWhereTheHeadSizeAllows) {
     EXPECT_TRUE(knngpt::cuda::attention_on_tensor_cores(65535, 64, 1));
 }
 
-// The tile loader reads 16 bytes a lane where the operands keep float4 alignment,
-// 4 bytes a lane where not: the same bits either way. Here every operand (qkv, out,
-// dout, dqkv) sits one float past an aligned address.
-CUDA_TEST(CudaAttentionBf16, UnalignedOperandsGiveTheSameBits) {
+// The tile loaders (wmma kernels) and the bf16 copies (mma kernels) read 16 bytes
+// a lane where the operands keep float4 alignment, 4 bytes a lane where not: the
+// same bits either way. Here every operand (qkv, out, dout, dqkv) sits one float
+// past an aligned address.
+void expect_unaligned_operands_give_the_same_bits(const Bf16Kernels& kernels) {
     const int B = 1, T = 70, C = 64, NH = 2;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
     const std::vector<float> qkv = uniform(n_qkv, 51, -1.5f, 1.5f), dout = uniform(n_out, 52);
@@ -217,9 +244,9 @@ CUDA_TEST(CudaAttentionBf16, UnalignedOperandsGiveTheSameBits) {
         dout_s.insert(dout_s.end(), dout.begin(), dout.end());
         DeviceArray<float> d_qkv(qkv_s), d_dout(dout_s), d_out{std::vector<float>(shift + n_out)},
             d_lse{std::vector<float>(n_lse)}, d_dqkv{std::vector<float>(shift + n_qkv, 0.0f)};
-        knngpt::cuda::attention_forward_bf16(d_out.ptr + shift, d_lse.ptr, d_qkv.ptr + shift, B, T, C, NH);
-        knngpt::cuda::attention_backward_bf16(d_dqkv.ptr + shift, d_dout.ptr + shift, d_qkv.ptr + shift,
-                                              d_out.ptr + shift, d_lse.ptr, B, T, C, NH);
+        kernels.forward(d_out.ptr + shift, d_lse.ptr, d_qkv.ptr + shift, B, T, C, NH);
+        kernels.backward(d_dqkv.ptr + shift, d_dout.ptr + shift, d_qkv.ptr + shift, d_out.ptr + shift, d_lse.ptr, B, T,
+                         C, NH);
         out = d_out.to_host();
         out.erase(out.begin(), out.begin() + shift);
         lse = d_lse.to_host();
@@ -234,5 +261,9 @@ CUDA_TEST(CudaAttentionBf16, UnalignedOperandsGiveTheSameBits) {
     EXPECT_EQ(dqkv_a, dqkv_u);
     EXPECT_GT(max_abs_diff(dqkv_a, std::vector<float>(n_qkv, 0.0f)), 0.0) << "no gradient";
 }
+
+CUDA_TEST(CudaAttentionBf16, UnalignedOperandsGiveTheSameBits) { expect_unaligned_operands_give_the_same_bits(kWmma); }
+
+CUDA_TEST(CudaAttentionMma, UnalignedOperandsGiveTheSameBits) { expect_unaligned_operands_give_the_same_bits(kMma); }
 
 }  // namespace

@@ -1,7 +1,10 @@
 // tools/bench_attention_cuda.cu — GPU timing of the exact causal attention of
 // kernels/cuda/attention.cuh: the tiled forward and backward, and the reference
-// forward for comparison; and the tensor-core (bf16 operands, fp32
-// accumulation) forward and backward of kernels/cuda/attention_bf16.cuh.
+// forward for comparison; the tensor-core (bf16 operands, fp32 accumulation)
+// forward and backward of kernels/cuda/attention_bf16.cuh (wmma) and of
+// kernels/cuda/attention_mma.cuh (mma.sync, FlashAttention-2: the trainer's);
+// and the kNN top-k search and sampled backwards against the trainer's exact
+// attention.
 // Built with nvcc only (make build/bench_attention_cuda) and run on a GPU:
 //   nvcc -std=c++17 -O3 -arch=sm_80 -I. tools/bench_attention_cuda.cu -o build/bench_attention_cuda
 //   build/bench_attention_cuda [--quick]
@@ -23,15 +26,17 @@
 // largest absolute difference of out, lse and dqkv (the backward from
 // dqkv = 0), with the largest reference entry for scale:
 //   check T=1024 HS=64 max_abs_err tiled_out=... tiled_lse=... tiled_dqkv=...
-//     bf16_out=... bf16_lse=... bf16_dqkv=... max_ref out=... lse=... dqkv=... ok   (same line)
+//     bf16_out=... bf16_lse=... bf16_dqkv=... mma_out=... mma_lse=... mma_dqkv=...
+//     max_ref out=... lse=... dqkv=... ok   (same line)
 // "ok" where each error is within its bound relative to the largest reference
 // entry, else "FAIL"; the bounds are those of the tests, widened for T = 1024:
 //   tiled (fp32, other summation order and expf)  1e-4 (tests: 1e-5 at T <= 130)
-//   bf16 (bf16 q, k, v, P and dO)                 2e-2 (tests: 1e-2, seen 2.5e-3 .. 4.5e-3)
+//   bf16, mma (bf16 q, k, v, P and dO)            2e-2 (tests: 1e-2, seen 2.5e-3 .. 4.5e-3)
 // Then the timings, one line per configuration, then the reference forward's
 // time as a ratio:
 //   attention T=1024 HS=64 B=16 NH=16 fwd_ms=... fwd_TFLOPs=... bwd_ms=... bwd_TFLOPs=...
-//     bf16_fwd_ms=... bf16_fwd_TFLOPs=... bf16_bwd_ms=... bf16_bwd_TFLOPs=...   (same line)
+//     bf16_fwd_ms=... bf16_fwd_TFLOPs=... bf16_bwd_ms=... bf16_bwd_TFLOPs=...
+//     mma_fwd_ms=... mma_fwd_TFLOPs=... mma_bwd_ms=... mma_bwd_TFLOPs=...   (same line)
 //   ratio tiled/reference fwd=... (reference fwd_ms=...)
 // Exit status 1 if a check failed (after all timings), else 0. Without a CUDA
 // device it prints "no CUDA device: attention benchmark skipped" and exits 0.
@@ -45,6 +50,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/attention_bf16.cuh"
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/sampled_grad.cuh"
 #include "kernels/cuda/sparse_attention.cuh"
 #include "kernels/cuda/topk_index.cuh"
@@ -118,14 +124,19 @@ void bench_config(int T, int HS) {
     const float bf16_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_bf16(out, lse, qkv, B, T, C, NH); });
     const float bf16_bwd_ms =
         time_ms([&] { knngpt::cuda::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH); });
+    const float mma_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_mma(out, lse, qkv, B, T, C, NH); });
+    const float mma_bwd_ms =
+        time_ms([&] { knngpt::cuda::attention_backward_mma(dqkv, dout, qkv, out, lse, B, T, C, NH); });
 
     const double fwd_flops = 4.0 * B * NH * (double)T * T * HS / 2.0;
     const double bwd_flops = 2.5 * fwd_flops;
     const auto tflops = [](double flops, float ms) { return flops / (ms * 1e-3) / 1e12; };
     std::printf("attention T=%d HS=%d B=%d NH=%d fwd_ms=%.3f fwd_TFLOPs=%.2f bwd_ms=%.3f bwd_TFLOPs=%.2f "
-                "bf16_fwd_ms=%.3f bf16_fwd_TFLOPs=%.2f bf16_bwd_ms=%.3f bf16_bwd_TFLOPs=%.2f\n",
+                "bf16_fwd_ms=%.3f bf16_fwd_TFLOPs=%.2f bf16_bwd_ms=%.3f bf16_bwd_TFLOPs=%.2f "
+                "mma_fwd_ms=%.3f mma_fwd_TFLOPs=%.2f mma_bwd_ms=%.3f mma_bwd_TFLOPs=%.2f\n",
                 T, HS, B, NH, fwd_ms, tflops(fwd_flops, fwd_ms), bwd_ms, tflops(bwd_flops, bwd_ms), bf16_fwd_ms,
-                tflops(fwd_flops, bf16_fwd_ms), bf16_bwd_ms, tflops(bwd_flops, bf16_bwd_ms));
+                tflops(fwd_flops, bf16_fwd_ms), bf16_bwd_ms, tflops(bwd_flops, bf16_bwd_ms), mma_fwd_ms,
+                tflops(fwd_flops, mma_fwd_ms), mma_bwd_ms, tflops(bwd_flops, mma_bwd_ms));
     std::printf("ratio tiled/reference fwd=%.3f (reference fwd_ms=%.3f)\n", fwd_ms / ref_ms, ref_ms);
     std::fflush(stdout);
 
@@ -137,7 +148,8 @@ void bench_config(int T, int HS) {
 }
 
 // kNN attention and sampled gradients at one shape (HS 64, NH 16, B * T = 16384 rows
-// of a head, k = 32, s = 16), against the tensor-core exact forward and backward:
+// of a head, k = 32, s = 16), against the trainer's exact forward and backward
+// (the mma kernels):
 //   knn T=... HS=64 k=32 topk_ms=... sparse_fwd_ms=... knn_fwd_ms=... exact_fwd_ms=...
 //     topk_over_exact_fwd=... sampled_bwd_ms=... lazy_bwd_ms=... exact_bwd_ms=...   (same line)
 // knn_fwd = top-k search + sparse forward; sampled_bwd = the exact-row source,
@@ -157,9 +169,9 @@ void bench_knn(int T) {
     CUDA_CHECK(cudaMalloc(&idx, n_lse * k * sizeof(int)));
     CUDA_CHECK(cudaMemset(dqkv, 0, n_qkv * sizeof(float)));
     using knngpt::GradSampleSource;
-    const float exact_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_bf16(out, lse, qkv, B, T, C, NH); });
+    const float exact_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_mma(out, lse, qkv, B, T, C, NH); });
     const float exact_bwd_ms =
-        time_ms([&] { knngpt::cuda::attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH); });
+        time_ms([&] { knngpt::cuda::attention_backward_mma(dqkv, dout, qkv, out, lse, B, T, C, NH); });
     const float topk_ms = time_ms([&] { knngpt::cuda::causal_topk_brute(idx, qkv, B, T, C, NH, k); });
     const float sparse_ms = time_ms(
         [&] { knngpt::cuda::sparse_attention_forward(out, lse, qkv, idx, nullptr, B, T, C, NH, std::min(k, T)); });
@@ -222,11 +234,14 @@ bool check_config(int HS) {
 
     // each kernel pair's out, lse and dqkv against the reference's; the
     // backward reads the pair's own forward, as in training
-    const auto compare = [&](bool bf16, Difference diff[3]) {
+    const auto compare = [&](int kind, Difference diff[3]) {  // 0 tiled fp32, 1 wmma, 2 mma
         CUDA_CHECK(cudaMemset(dqkv[1], 0, n_qkv * sizeof(float)));
-        if (bf16) {
+        if (kind == 1) {
             knngpt::cuda::attention_forward_bf16(out[1], lse[1], qkv, B, T, C, NH);
             knngpt::cuda::attention_backward_bf16(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
+        } else if (kind == 2) {
+            knngpt::cuda::attention_forward_mma(out[1], lse[1], qkv, B, T, C, NH);
+            knngpt::cuda::attention_backward_mma(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
         } else {
             knngpt::cuda::attention_forward_fp32(out[1], lse[1], qkv, B, T, C, NH);
             knngpt::cuda::attention_backward_fp32(dqkv[1], dout, qkv, out[1], lse[1], B, T, C, NH);
@@ -235,18 +250,22 @@ bool check_config(int HS) {
         diff[1] = device_difference(lse[1], lse[0], n_lse);
         diff[2] = device_difference(dqkv[1], dqkv[0], n_qkv);
     };
-    Difference tiled[3], bf16[3];
-    compare(false, tiled);
-    compare(true, bf16);
+    Difference tiled[3], bf16[3], mma[3];
+    compare(0, tiled);
+    compare(1, bf16);
+    compare(2, mma);
     bool ok = true;
     for (int i = 0; i < 3; i++) {
         ok = ok && tiled[i].max_abs <= kTiledBound * tiled[i].max_ref;
         ok = ok && bf16[i].max_abs <= kBf16Bound * bf16[i].max_ref;
+        ok = ok && mma[i].max_abs <= kBf16Bound * mma[i].max_ref;
     }
     std::printf("check T=%d HS=%d max_abs_err tiled_out=%.3g tiled_lse=%.3g tiled_dqkv=%.3g bf16_out=%.3g "
-                "bf16_lse=%.3g bf16_dqkv=%.3g max_ref out=%.3g lse=%.3g dqkv=%.3g %s\n",
+                "bf16_lse=%.3g bf16_dqkv=%.3g mma_out=%.3g mma_lse=%.3g mma_dqkv=%.3g max_ref out=%.3g lse=%.3g "
+                "dqkv=%.3g %s\n",
                 T, HS, tiled[0].max_abs, tiled[1].max_abs, tiled[2].max_abs, bf16[0].max_abs, bf16[1].max_abs,
-                bf16[2].max_abs, tiled[0].max_ref, tiled[1].max_ref, tiled[2].max_ref, ok ? "ok" : "FAIL");
+                bf16[2].max_abs, mma[0].max_abs, mma[1].max_abs, mma[2].max_abs, tiled[0].max_ref, tiled[1].max_ref,
+                tiled[2].max_ref, ok ? "ok" : "FAIL");
     std::fflush(stdout);
 
     CUDA_CHECK(cudaFree(qkv));

@@ -21,8 +21,8 @@
 #   nccl-world1     data parallel through NCCL, one process (ZeRO-1), 5 steps; the processes
 #   nccl-worldN     meet through a shared directory (-pi fs), so no mpirun is needed; then the
 #                   same on every GPU of the machine (SKIP with one GPU)
-#   racecheck       compute-sanitizer --tool racecheck   on the attention, top-k (knn) and
-#   synccheck       compute-sanitizer --tool synccheck   sampled-gradient tests
+#   racecheck       compute-sanitizer --tool racecheck   on the attention (tensor-core and fp32),
+#   synccheck       compute-sanitizer --tool synccheck   top-k, sampled-gradient and layer tests
 #   build-here      with GPU_CHECK_PREBUILT only: the build from source on this machine, run in
 #                   the background from the start (a copy of the tree), to say whether it works
 #
@@ -419,8 +419,8 @@ bench_fields() {  # LOG PREFIX KEY...: for each line starting with PREFIX, the v
       print line }' "$log"
 }
 bench_figure() {
-  bench_fields "$1" "check " T HS tiled_out tiled_dqkv bf16_out bf16_dqkv |
-    awk -F'\t' '{ printf "%scheck T=%s HS=%s max abs err tiled out %s dqkv %s, bf16 out %s dqkv %s", (NR > 1 ? "; " : ""), $1, $2, $3, $4, $5, $6 }'
+  bench_fields "$1" "check " T HS tiled_out tiled_dqkv bf16_out bf16_dqkv mma_out mma_dqkv |
+    awk -F'\t' '{ printf "%scheck T=%s HS=%s max abs err tiled out %s dqkv %s, wmma out %s dqkv %s, mma out %s dqkv %s", (NR > 1 ? "; " : ""), $1, $2, $3, $4, $5, $6, $7, $8 }'
   grep -qE '^check .* FAIL$' "$1" && echo -n " (FAIL: beyond the bound)"
   grep -q 'skipped' "$1" && echo -n "$(grep -m1 skipped "$1")"
   echo
@@ -432,9 +432,10 @@ else
   if gpu_stage bench-attention 80 bench_figure build/bench_attention_cuda && grep -q 'skipped' "$bench_log"; then
     record FAIL bench-attention "$(grep -m1 skipped "$bench_log")"
   fi
-  while IFS=$'\t' read -r T HS fwd bwd bf16_fwd bf16_bwd; do
-    details+=("      attention T=$T HS=$HS: fwd $fwd TFLOP/s, bwd $bwd TFLOP/s; bf16 fwd $bf16_fwd TFLOP/s, bwd $bf16_bwd TFLOP/s")
-  done < <(bench_fields "$bench_log" "attention " T HS fwd_TFLOPs bwd_TFLOPs bf16_fwd_TFLOPs bf16_bwd_TFLOPs)
+  while IFS=$'\t' read -r T HS fwd bwd bf16_fwd bf16_bwd mma_fwd mma_bwd; do
+    details+=("      attention T=$T HS=$HS TFLOP/s fwd/bwd: fp32 tiled $fwd/$bwd, wmma $bf16_fwd/$bf16_bwd, mma $mma_fwd/$mma_bwd")
+  done < <(bench_fields "$bench_log" "attention " T HS fwd_TFLOPs bwd_TFLOPs bf16_fwd_TFLOPs bf16_bwd_TFLOPs mma_fwd_TFLOPs \
+           mma_bwd_TFLOPs)
   while IFS=$'\t' read -r T topk fwd efwd ratio sbwd lbwd ebwd; do
     details+=("      knn T=$T HS=64 k=32: top-k $topk ms ($ratio x the exact fwd $efwd ms), knn fwd $fwd ms; sampled bwd s=16 exact-row $sbwd ms, lazy-Gumbel $lbwd ms (exact bwd $ebwd ms)")
   done < <(bench_fields "$bench_log" "knn " T topk_ms knn_fwd_ms exact_fwd_ms topk_over_exact_fwd sampled_bwd_ms lazy_bwd_ms exact_bwd_ms)
@@ -445,12 +446,19 @@ fi
 sanitizer=$(command -v compute-sanitizer || echo "$(dirname "$(command -v "${NVCC:-nvcc}")")/compute-sanitizer")
 sanitizer_figure() { grep -hoE '(ERROR|RACECHECK) SUMMARY: .*' "$1" | sort | uniq -c |
                      sed -E 's/^ *([0-9]+) (.*)/\2 (x\1)/' | tr '\n' ';' | sed 's/;$//; s/;/; /g'; }
-# sanitize TOOL: the three tests under compute-sanitizer --tool TOOL, one after another
+# sanitize TOOL: the kernel tests of the attention the trainer runs (tensor cores),
+# the top-k, sampled-gradient, fp32 attention and layer kernels under
+# compute-sanitizer --tool TOOL, one after another. Left out: the death tests
+# (a child process per check, which the sanitizer slows to minutes) and the
+# 65535-head grid tests (tens of thousands of blocks: racecheck would take
+# minutes on them alone).
+sanitize_bins=(build/native/test_cuda_attention_bf16 build/native/test_cuda_knn build/native/test_cuda_sampled_grad
+               build/native/test_cuda_attention build/native/test_cuda_layer_ops)
 sanitize() {
   local tool=$1 rc=0 b
-  for b in build/native/test_cuda_attention build/native/test_cuda_knn build/native/test_cuda_sampled_grad; do
+  for b in "${@:2}"; do
     echo "== $b"
-    "$sanitizer" --tool "$tool" --error-exitcode 1 "$b" || rc=1
+    "$sanitizer" --tool "$tool" --error-exitcode 1 "$b" --gtest_filter='-*65535*:*Unsupported*:*Exit*' || rc=1
   done
   return $rc
 }
@@ -459,12 +467,14 @@ export sanitizer
 for tool in racecheck synccheck; do
   if [ ! -x "$sanitizer" ]; then
     record SKIP $tool "compute-sanitizer not found (part of the CUDA toolkit)"
-  elif ! built build/native/test_cuda_attention || ! built build/native/test_cuda_knn ||
-       ! built build/native/test_cuda_sampled_grad; then
-    record SKIP $tool "the attention, knn or sampled-gradient native test did not build"
   else
-    limit_own=100; [ $tool = synccheck ] && limit_own=60
-    gpu_stage $tool $limit_own sanitizer_figure bash -c "sanitize $tool"
+    present=(); for b in "${sanitize_bins[@]}"; do built "$b" && present+=("$b"); done
+    if [ ${#present[@]} = 0 ]; then
+      record SKIP $tool "none of the sanitized native tests built"
+    else
+      limit_own=100; [ $tool = synccheck ] && limit_own=60
+      gpu_stage $tool $limit_own sanitizer_figure bash -c 'sanitize "$@"' sanitize $tool "${present[@]}"
+    fi
   fi
 done
 

@@ -10,6 +10,8 @@
 //                 fibers, barriers, warp rounds, deadlock reports, launches
 //   intrinsics.h  __syncthreads, __shfl_*_sync, votes, atomics, fast math
 //   wmma.h        nvcuda::wmma bf16 16x16x16 with fp32 accumulation
+//   mma.h         mma.sync m16n8k16 (bf16, fp32 accumulation) and ldmatrix, with
+//                 the PTX ISA's register layouts (kernels/cuda/mma.cuh wraps them)
 //
 // What the emulator checks and a GPU does not: divergent __syncthreads, warp
 // primitives whose mask names an exited, missing or elsewhere-waiting lane,
@@ -27,3 +29,4 @@
 #include "kernels/emu/fibers.h"
 #include "kernels/emu/intrinsics.h"
 #include "kernels/emu/wmma.h"
+#include "kernels/emu/mma.h"

@@ -100,7 +100,16 @@ constexpr unsigned char kSharedMemoryPoison = 0xFF;
 enum class Wait : uint8_t { none, block_barrier, warp_round, exited };
 
 enum class WarpOp : uint8_t {
-    syncwarp, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, wmma_load, wmma_store, wmma_mma,
+    syncwarp, shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, wmma_load, wmma_store, wmma_mma, collective,
+};
+
+// A warp-collective operation whose lanes exchange registers (mma.sync,
+// ldmatrix: kernels/emu/mma.h). Each lane publishes a pointer to its own
+// arguments, a struct that begins with a WarpCollective; the lane that
+// completes the round calls complete() with all 32 pointers (lane order) and
+// writes every lane's results before any lane runs on.
+struct WarpCollective {
+    void (*complete)(void* const lane_args[32]);
 };
 
 struct Fiber {
@@ -436,6 +445,15 @@ inline bool complete_warp_round(Launch& launch, Fiber& self) {
                                     : self.op == WarpOp::any  ? (uint64_t)(votes != 0)
                                                               : (uint64_t)(votes == mask);
             for (unsigned m = mask; m; m &= m - 1) lanes[__builtin_ctz(m)].result = result;
+            break;
+        }
+        case WarpOp::collective: {
+            void* lane_args[kWarpLanes] = {};
+            for (unsigned m = mask; m; m &= m - 1) {
+                const unsigned lane = __builtin_ctz(m);
+                lane_args[lane] = reinterpret_cast<void*>(lanes[lane].operand);
+            }
+            reinterpret_cast<const WarpCollective*>(self.operand)->complete(lane_args);
             break;
         }
         default: break;  // a pure synchronisation
