@@ -176,6 +176,9 @@ prepare_data $(PORTABLE)/prepare_data $(if $(PROGRAMS),$(PROGRAMS)prepare_data):
 # pattern, nlohmann-json reads encoder.json.
 BPE_LIBS := -lpcre2-8
 $(BUILD)/bpe.o $(PORTABLE)/bpe.o: %/bpe.o: data/bpe.cpp $(DEPDIR)/%/bpe.o.d
+	@printf '#include <pcre2.h>\n' | $(CXX) $(CXXFLAGS) -DPCRE2_CODE_UNIT_WIDTH=8 -fsyntax-only -x c++ - 2>/dev/null || \
+	  { echo "make $@: PCRE2's headers not found (Debian/Ubuntu: apt-get install libpcre2-dev; bash tools/install_deps.sh" \
+	         "installs everything). Or build the GPU programs elsewhere: tools/gpu_bundle.sh"; exit 1; }
 	$(MKDIRS)
 	$(CXX) $(CXXFLAGS) $(DEPFLAGS) -c -o $@ $<
 train_gpt_cpu prepare_data $(BUILD)/train_gpt_cpu_loops $(BUILD)/train_gpt_emu $(BUILD)/train_gpt_emu_bf16 \

@@ -14,7 +14,10 @@
 #   native-tests    the native CUDA tests that built, and the two trainers against train_gpt_cpu
 #   train-exact     GPT-2 124M shapes (random init, B 16, T 1024), 20 steps: median ms/step, tok/s, MFU
 #   train-knn       the same, 6 steps, --attn knn --attn-k 32 (brute top-k)
-#   train-sampled   the same, 6 steps, --attn-grad sampled --attn-grad-samples 16
+#   train-sampled   the same, 6 steps, --attn-grad sampled --attn-grad-samples 16 (exact-row samples)
+#   train-knn-sampled  the same, 4 steps, --attn knn --attn-k 32 --attn-grad sampled (lazy-Gumbel samples)
+#   profile-exact   train-exact's run for 4 steps with KNNGPT_KERNEL_TIMES=1: GPU time per kernel
+#   profile-knn     (and per GEMM shape) of the whole run, kernels/cuda/kernel_times.h; then train-knn's
 #   bench-attention tools/bench_attention_cuda.cu: each kernel checked against the reference
 #                   kernels at T = 1024 (max abs error), then exact attention TFLOP/s, then the
 #                   top-k search, kNN forward and sampled backwards against exact attention
@@ -84,7 +87,9 @@ started=$(date +%s)
 deadline=$((started + budget))
 jobs=$(nproc)
 make_args=(${GPU_CHECK_MAKE_ARGS:-})
-stages=(device build-trainer build-tests native-tests train-exact train-knn train-sampled bench-attention
+stages=(device build-trainer build-tests native-tests train-exact train-knn train-sampled train-knn-sampled
+        profile-exact profile-knn
+        bench-attention
         nccl-world1 nccl-worldN racecheck synccheck)
 [ -n "$prebuilt" ] && stages+=(build-here)
 declare -A result=()   # stage -> its summary line
@@ -372,13 +377,23 @@ train_stage() {
   shift
   if ! built ./train_gpt; then record SKIP "$stage" "train_gpt not built"; return; fi
   if [ $have_data = 0 ]; then record SKIP "$stage" "no token data (see $out/prepare_data.log)"; return; fi
-  gpu_stage "$stage" "$own" train_figure "${launcher[@]}" ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
+  gpu_stage "$stage" "$own" "${TRAIN_FIGURE:-train_figure}" "${launcher[@]}" ./train_gpt -i "$out/text_train.bin" -j "$out/text_val.bin" \
     --layers 12 --heads 12 --channels 768 --max-seq-len 1024 --vocab 50257 \
     -b 16 -t 1024 -x "$steps" -l 6e-4 -u 5 -v 0 -m 2 -s 0 -g 16 "$@"
 }
 train_stage train-exact 75 20 --
 train_stage train-knn 45 6 -- --attn knn --attn-k 32
 train_stage train-sampled 45 6 -- --attn-grad sampled --attn-grad-samples 16
+train_stage train-knn-sampled 45 4 -- --attn knn --attn-k 32 --attn-grad sampled --attn-grad-samples 16
+# profile_figure LOG: the three kernels with the most GPU time, and their shares
+profile_figure() {
+  awk '/^kernel times/ { on = 1; total = $0; sub(/.*launches, /, "", total); next }
+       on && $2 ~ /%$/ && n < 3 { name = $5; for (i = 6; i <= NF; i++) name = name " " $i
+                                  printf "%s%s %s", (n ? "; " : "top of " total ": "), name, $2; n++ }
+       END { if (!n) printf "no kernel times printed" }' "$1"
+}
+TRAIN_FIGURE=profile_figure train_stage profile-exact 40 4 env KNNGPT_KERNEL_TIMES=1 --
+TRAIN_FIGURE=profile_figure train_stage profile-knn 40 4 env KNNGPT_KERNEL_TIMES=1 -- --attn knn --attn-k 32
 
 # ---- NCCL: data parallel on one GPU (world 1), then on every GPU of the machine (ZeRO-1).
 # The processes meet through a shared directory (-pi fs), which needs no MPI in the

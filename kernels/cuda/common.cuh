@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/cuda/kernel_times.h"
 #include "kernels/cuda/launch_text.h"
 
 namespace knngpt::cuda {
@@ -93,7 +94,9 @@ void launch_kernel(const char* file, int line, const char* launch_text, void (*k
     ::knngpt::emu::run_kernel(launch_text, kernel, grid, block, dynamic_smem_bytes, stream,
                               std::forward<Args>(args)...);
 #else
+    const int timed = KernelTimes::enabled() ? KernelTimes::get().begin(kernel_expression(launch_text), stream) : -1;
     kernel<<<grid, block, dynamic_smem_bytes, stream>>>(std::forward<Args>(args)...);
+    if (timed >= 0) KernelTimes::get().end(timed, stream);
 #endif
     const bool blocking = launches_block();
     cudaError_t status = cudaGetLastError();
