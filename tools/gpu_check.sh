@@ -510,7 +510,7 @@ if [ -n "$prebuilt" ]; then
     else
       broken=$(grep -oE '\*\*\* \[[^]]*: [^]]+\] Error' "$out/build-here.log" | sed -E 's/.*: ([^]]+)\] Error/\1/' |
                sort -u | tr '\n' ' ')
-      record FAIL build-here "failed: ${broken:-?}; first error: $(grep -m1 -E 'error' "$out/build-here.log") (see $out/build-here.log)"
+      record FAIL build-here "failed: ${broken:-?}; first error: $(grep -m1 -E 'error:|not found' "$out/build-here.log") (see $out/build-here.log)"
     fi
     tail -5 "$out/build-here.log"
   fi

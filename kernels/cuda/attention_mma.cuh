@@ -44,6 +44,8 @@
 // (__launch_bounds__(128, 2)). Shared memory: 64 x (HS + 8) bf16 a tile (rows
 // padded by 16 bytes, so the 8 rows an ldmatrix phase reads fall in distinct
 // banks): 5 tiles forward (46 KB at HS 64, 87 KB at 128), 6 backward.
+// Measured on an H200 (tools/bench_attention_cuda.cu, T 4K): forward 181 / 191 TFLOP/s,
+// backward 139 / 151 at HS 64 / 128, against 28 / 26 and 28 / 19 for the wmma kernels.
 #pragma once
 
 #include <cstddef>

@@ -114,7 +114,9 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //   2 HS atomics a row, ~0.3 GB, ~0.1 ms. So ~2 ms, where the one-warp-per-row passes
 //   it replaces recomputed every score three times with each lane reading its own key
 //   (256 B at a 3C stride: 32 cache lines per warp load), ~100 GB through L1/L2, ~10 ms.
-//   The running sums, serial so that every sample is the CPU's, bound it.
+//   The running sums, serial so that every sample is the CPU's, bound it. Measured on an
+//   H200 (tools/bench_attention_cuda.cu, HS 64, s 16, 16 heads): 94.6 ms at T 16K, 5.9 ms
+//   per (b, h), against 8.5 ms for the exact backward of all 16 heads.
 // LazyGumbel: for each chunk of 32 samples, lane L draws sample m0 + L with the shared
 //   sampler, on its own (the lanes' walks diverge and never synchronise inside).
 // Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels

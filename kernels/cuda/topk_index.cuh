@@ -52,6 +52,8 @@
 //   ~1.4-2.7 ms on bf16 tensor cores at 150-300 TFLOP/s. The row buffer passes are
 //   the larger half of the cost; building the first histogram while scoring and
 //   compacting the candidates of the threshold's bucket would cut them to ~2.
+//   Measured on an H200 (tools/bench_attention_cuda.cu, 16 heads, k 32): 35.6 ms at T 16K,
+//   2.2 ms per (b, h), twice the estimate; the exact forward there took 2.6 ms.
 #pragma once
 
 #include <cstddef>
