@@ -225,16 +225,17 @@ done
 resolve_libraries() {
   local lib dir missing
   missing=$(ldd "$@" 2> /dev/null | awk '$2 == "=>" && $3 == "not" { print $1 }' | sort -u)
+  # (no pipe after the loop: it would run in a subshell and lose the export)
   for lib in $missing; do
     dir=$(timeout 30 find /usr/local /opt /usr/lib /usr/lib64 -name "$lib" \( -type f -o -type l \) 2> /dev/null |
           head -1 | xargs -r dirname)
     if [ -n "$dir" ]; then
       export LD_LIBRARY_PATH="$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-      echo "found $lib in $dir"
+      echo "found $lib in $dir" | tee -a "$out/libraries.txt"
     else
-      echo "not found: $lib"
+      echo "not found: $lib" | tee -a "$out/libraries.txt"
     fi
-  done | tee -a "$out/libraries.txt"
+  done
 }
 # unresolved BIN...: the libraries still missing, space-separated
 unresolved() { ldd "$@" 2> /dev/null | awk '$2 == "=>" && $3 == "not" { print $1 }' | sort -u | tr '\n' ' '; }
