@@ -230,6 +230,22 @@ CUDA_TEST(CudaAttentionBf16, TrainingRunsTensorCoresWhereTheHeadSizeAllows) {
     EXPECT_TRUE(knngpt::cuda::attention_on_tensor_cores(65535, 64, 1));
 }
 
+// Where the device's shared memory cannot hold a head size's tiles (the backward at
+// HS 128 needs 103 KB; an sm_86 or sm_89 GPU opts into 99 KB), training takes the
+// fp32 kernels instead of stopping; the direct call stops with one line.
+CUDA_TEST(CudaAttentionBf16, ADeviceWithLessSharedMemoryTrainsHeadSize128OnFp32Kernels) {
+    size_t& limit = knngpt::cuda::attention_mma_shared_limit_override();
+    limit = 99 * 1024;
+    EXPECT_TRUE(knngpt::cuda::attention_on_tensor_cores(1, 64, 1));    // HS 64: 55 KB
+    EXPECT_FALSE(knngpt::cuda::attention_on_tensor_cores(1, 128, 1));  // HS 128: 103 KB
+    expect_training_attention_path(1, 20, 128, 1, false);
+    const std::vector<float> qkv = uniform(20 * 3 * 128, 43);
+    DeviceArray<float> d_qkv(qkv), d_out(std::vector<float>(20 * 128)), d_lse(std::vector<float>(20));
+    EXPECT_EXIT(knngpt::cuda::attention_forward_mma(d_out.ptr, d_lse.ptr, d_qkv.ptr, 1, 20, 128, 1),
+                testing::ExitedWithCode(1), "head size 128 must fit the device's 101376 bytes");
+    limit = 0;
+}
+
 // The tile loaders (wmma kernels) and the bf16 copies (mma kernels) read 16 bytes
 // a lane where the operands keep float4 alignment, 4 bytes a lane where not: the
 // same bits either way. Here every operand (qkv, out, dout, dqkv) sits one float

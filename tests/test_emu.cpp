@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "tests/device_array.h"
 
 using knngpt::cuda::ceil_div;
@@ -627,6 +628,31 @@ TEST(EmuDeadlock, ShuffleReadingALaneOutsideItsMaskIsReported) {
               0u)
         << error;
     EXPECT_NE(error.find(" reads lane 16, which is not in the mask"), std::string::npos) << error;
+}
+
+// Half the warp at mma.sync, the other half at ldmatrix: one warp round of two
+// instructions whose registers cannot be exchanged, reported instead of mixed.
+__global__ void mixed_warp_collectives(float* out) {
+    __align__(16) __shared__ __nv_bfloat16 tile[16 * 16];
+    for (int i = threadIdx.x; i < 256; i += 32) tile[i] = __float2bfloat16(1.0f);
+    __syncthreads();
+    uint32_t r[4] = {0, 0, 0, 0};
+    if (threadIdx.x < 16) {
+        const uint32_t b[2] = {0, 0};
+        float d[4], c[4] = {0, 0, 0, 0};
+        knngpt::cuda::mma_bf16_16816(d, r, b, c);
+        out[threadIdx.x] = d[0];
+    } else {
+        knngpt::cuda::ldmatrix_x4(r, tile + (threadIdx.x % 16) * 16);
+        out[threadIdx.x] = (float)r[0];
+    }
+}
+
+TEST(EmuDeadlock, LanesAtDifferentWarpCollectivesAreReported) {
+    DeviceArray<float> out(32);
+    const std::string error = launch_error([&] { launch(mixed_warp_collectives, 1, 32, 0, nullptr, out.ptr); });
+    EXPECT_EQ(error.find("emu: kernel mixed_warp_collectives, block (0,0,0), thread ("), 0u) << error;
+    EXPECT_NE(error.find("is at another warp-collective instruction than"), std::string::npos) << error;
 }
 
 TEST(EmuDeadlock, EmulatorRunsNormalLaunchesAfterAReportedDeadlock) {

@@ -36,8 +36,9 @@ archive=$(cd "$(dirname "$archive")" && pwd)/$(basename "$archive")
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# the working tree as it is: tracked files and untracked ones git does not ignore
-git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$work"
+# the working tree as it is: tracked files (less those deleted) and untracked ones git does not ignore
+git ls-files -co --exclude-standard -z | while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+  xargs -0 cp --parents -t "$work"
 binaries=(train_gpt train_gpt_cpu prepare_data build/tests/test_cuda_trainer build/bench_attention_cuda)
 for t in tests/test_cuda_*.cpp; do
   [ "$t" = tests/test_cuda_trainer.cpp ] || binaries+=("build/native/$(basename "$t" .cpp)")
@@ -50,7 +51,8 @@ start=$(date +%s)
 if ! (cd "$work" && make -j"$(nproc)" MPICC=false ARCHFLAGS=-march=x86-64-v3 CUDA_ARCHS="$archs" NVCC_EXTRA="-Xptxas -v" \
         "${binaries[@]}") > "$work/build/gpu_bundle/build.log" 2>&1; then
   grep -E 'error|Error' "$work/build/gpu_bundle/build.log" | head -20
-  echo "gpu_bundle: the build failed (the log: $work/build/gpu_bundle/build.log is removed on exit; rerun make there)"
+  cp "$work/build/gpu_bundle/build.log" "$archive.failed.log"
+  echo "gpu_bundle: the build failed; its log: $archive.failed.log"
   exit 1
 fi
 echo "gpu_bundle: built in $(( $(date +%s) - start )) s"

@@ -75,6 +75,8 @@ if [ -n "$prebuilt" ]; then
 fi
 mkdir -p "$out" || { echo "gpu_check: cannot create $out"; exit 2; }
 out=$(cd "$out" && pwd)
+# a reused OUTDIR: the last run's logs would pass for this run's
+rm -f "$out"/*.log "$out"/summary.txt "$out"/ptxas.txt "$out"/libraries.txt "$out"/manifest.txt
 if [ -n "$text" ]; then
   [ -r "$text" ] || { echo "gpu_check: cannot read the text file $text"; exit 2; }
   text=$(cd "$(dirname "$text")" && pwd)/$(basename "$text")
@@ -113,9 +115,17 @@ record() {
   [ "$1" = FAIL ] && failed=1
   write_summary
 }
+# stop_build_here: the background build from source (prebuilt mode), if still running
+stop_build_here() {
+  if [ -n "${here_pid:-}" ] && kill -0 "$here_pid" 2> /dev/null; then
+    pkill -TERM -P "$here_pid" 2> /dev/null; kill -TERM "$here_pid" 2> /dev/null
+  fi
+  [ -n "${here_dir:-}" ] && rm -rf "$here_dir"
+}
 finish() {
   local rc=$?
   trap - EXIT INT TERM
+  stop_build_here
   write_summary "${interrupted:+not reached (interrupted)}"
   echo
   echo "==== summary ($out/summary.txt)"
@@ -409,8 +419,11 @@ nccl_fs() {
     pids+=($!)
   done
   "$@" -pi fs -pn "$n" -pr 0 -pg "$n" -pp "$dir" || rc=$?
-  for r in "${pids[@]}"; do wait "$r" || rc=1; done
+  # rank 0 failed: the others may wait for it at a collective, so stop them
+  [ $rc = 0 ] || for r in "${pids[@]}"; do kill -TERM "$r" 2> /dev/null; done
+  for r in "${pids[@]}"; do wait "$r" || { [ $rc != 0 ] || rc=1; }; done  # rank 0's status first
   [ $rc = 0 ] || tail -n 5 "$dir"/rank*.log 2> /dev/null
+  rm -rf "$dir"
   return $rc
 }
 export -f nccl_fs
@@ -448,13 +461,14 @@ else
   if gpu_stage bench-attention 80 bench_figure build/bench_attention_cuda && grep -q 'skipped' "$bench_log"; then
     record FAIL bench-attention "$(grep -m1 skipped "$bench_log")"
   fi
+  [ -f "$bench_log" ] || bench_log=/dev/null  # the stage did not run (time budget): no figures
   while IFS=$'\t' read -r T HS fwd bwd bf16_fwd bf16_bwd mma_fwd mma_bwd; do
     details+=("      attention T=$T HS=$HS TFLOP/s fwd/bwd: fp32 tiled $fwd/$bwd, wmma $bf16_fwd/$bf16_bwd, mma $mma_fwd/$mma_bwd")
-  done < <(bench_fields "$bench_log" "attention " T HS fwd_TFLOPs bwd_TFLOPs bf16_fwd_TFLOPs bf16_bwd_TFLOPs mma_fwd_TFLOPs \
+  done < <(bench_fields "$bench_log" "attention T=" T HS fwd_TFLOPs bwd_TFLOPs bf16_fwd_TFLOPs bf16_bwd_TFLOPs mma_fwd_TFLOPs \
            mma_bwd_TFLOPs)
   while IFS=$'\t' read -r T topk fwd efwd ratio sbwd lbwd ebwd; do
     details+=("      knn T=$T HS=64 k=32: top-k $topk ms ($ratio x the exact fwd $efwd ms), knn fwd $fwd ms; sampled bwd s=16 exact-row $sbwd ms, lazy-Gumbel $lbwd ms (exact bwd $ebwd ms)")
-  done < <(bench_fields "$bench_log" "knn " T topk_ms knn_fwd_ms exact_fwd_ms topk_over_exact_fwd sampled_bwd_ms lazy_bwd_ms exact_bwd_ms)
+  done < <(bench_fields "$bench_log" "knn T=" T topk_ms knn_fwd_ms exact_fwd_ms topk_over_exact_fwd sampled_bwd_ms lazy_bwd_ms exact_bwd_ms)
   write_summary
 fi
 
@@ -504,7 +518,7 @@ if [ -n "$prebuilt" ]; then
     waited=0
     while kill -0 "$here_pid" 2> /dev/null && [ $waited -lt "$limit" ]; do sleep 1; waited=$((waited + 1)); done
     if kill -0 "$here_pid" 2> /dev/null; then
-      pkill -TERM -P "$here_pid" 2> /dev/null; kill -TERM "$here_pid" 2> /dev/null
+      stop_build_here
       record FAIL build-here "still building after $(( $(date +%s) - here_started )) s, stopped (see $out/build-here.log)"
     elif wait "$here_pid"; then
       record PASS build-here "every target built from source here (done $(( $(date +%s) - here_started )) s after the start)"

@@ -5,7 +5,7 @@
 //     kernels of attention_mma.cuh (Q, K, V, P and dS rounded to bf16 as GEMM
 //     operands, fp32 accumulation and softmax; attention_bf16.cuh's wmma kernels
 //     are their tested reference) where the head size is a multiple of 16 up to
-//     128 and B * NH fits the grid's y;
+//     128, B * NH fits the grid's y and the tiles the device's shared memory;
 //   fp32 build (-DKNNGPT_FP32), and every other shape: the fp32 tiled kernels of
 //     attention.cuh (the reference kernels beyond their head sizes).
 // The forward's lse comes from the same path as the backward that reads it, so
@@ -28,7 +28,7 @@ inline bool attention_on_tensor_cores(int B, int C, int NH) {
 #else
     const int HS = C / NH;
     return HS >= kAttentionBf16HeadSizeStep && HS % kAttentionBf16HeadSizeStep == 0 && HS <= kAttentionBf16MaxHeadSize &&
-           B * NH <= kAttentionMaxGridY;
+           B * NH <= kAttentionMaxGridY && attention_mma_fits(HS);
 #endif
 }
 

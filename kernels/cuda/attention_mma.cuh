@@ -8,7 +8,8 @@
 // build runs these (attention_exact.cuh chooses).
 //
 // Shapes: qkv (B, T, 3C), out and dout (B, T, C), lse (B, NH, T); HS = C / NH a
-// multiple of 16 up to 128; any T; B * NH <= 65535 (the grid's y).
+// multiple of 16 up to 128; any T; B * NH <= 65535 (the grid's y); the device's
+// shared memory large enough (attention_mma_fits).
 //
 // Design, and why it beats the wmma kernels: a warp owns 16 rows and keeps its
 // score tile S (16 x 64), P, and its output accumulators in registers, in the
@@ -514,10 +515,51 @@ void attention_mma_dispatch(int hs, F&& f) {
     f(AttentionMmaTiles<HS>{});
 }
 
+// The dynamic shared memory a block may opt into on this device, read once (a
+// test may lower it: attention_mma_shared_limit_override). The emulator has no limit.
+inline size_t& attention_mma_shared_limit_override() {
+    static size_t bytes = 0;  // 0: the device's
+    return bytes;
+}
+inline size_t attention_mma_shared_limit() {
+    if (attention_mma_shared_limit_override() != 0) return attention_mma_shared_limit_override();
+#if defined(KNNGPT_CUDA_EMU)
+    return SIZE_MAX;
+#else
+    static const size_t limit = [] {
+        int device = 0, bytes = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        return (size_t)bytes;
+    }();
+    return limit;
+#endif
+}
+
+// Whether the kernels of head size hs (a multiple of 16 up to 128) fit this device's
+// shared memory: the backward at HS 128 needs 103 KB, more than the 99 KB of an
+// sm_86 or sm_89 GPU (an RTX 3090, L4, L40S), where training takes the fp32 kernels.
+inline bool attention_mma_fits(int hs) {
+    size_t need = 0;
+    attention_mma_dispatch(hs, [&](auto tile) { need = decltype(tile)::backward_bytes; });
+    return need <= attention_mma_shared_limit();
+}
+
+// B * NH must fit the grid's y (65535), the shared memory the device's (attention_mma_fits).
+inline void attention_mma_check(int B, int C, int NH, const char* what) {
+    attention_bf16_check(C, NH, what);
+    if (B * NH > kAttentionMaxGridY || !attention_mma_fits(C / NH)) {
+        std::fprintf(stderr, "%s: B * NH = %d must be at most %d and head size %d must fit the device's %zu bytes of "
+                             "shared memory a block\n", what, B * NH, kAttentionMaxGridY, C / NH,
+                     attention_mma_shared_limit());
+        std::exit(1);
+    }
+}
+
 // out (B, T, C) and lse (B, NH, T) from qkv (B, T, 3C).
 inline void attention_forward_mma(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
     if (B * NH * T == 0) return;
-    attention_bf16_check(C, NH, "attention_forward_mma");
+    attention_mma_check(B, C, NH, "attention_forward_mma");
     const int HS = C / NH;
     const size_t n = (size_t)B * T * C;
     bf16* q = attention_mma_scratch(3 * n);
@@ -540,7 +582,7 @@ inline void attention_forward_mma(float* out, float* lse, const float* qkv, int 
 inline void attention_backward_mma(float* dqkv, const float* dout, const float* qkv, const float* out,
                                    const float* lse, int B, int T, int C, int NH) {
     if (B * NH * T == 0) return;
-    attention_bf16_check(C, NH, "attention_backward_mma");
+    attention_mma_check(B, C, NH, "attention_backward_mma");
     const int HS = C / NH;
     const float* delta = attention_backward_delta(dout, out, B, T, C, NH);
     const size_t n = (size_t)B * T * C;

@@ -15,6 +15,10 @@
 // counts, their prefix sums), then one block per token sums its rows of dout in
 // position order and adds the sum once. From a zeroed dwte that is the CPU
 // twin's value bit for bit (it adds the same rows in the same order).
+// Cost: the (chunks, V) counts are zeroed and scanned each call, B T / 1024 x V
+// ints (3.2 MB at B 16, T 1024, V 50257; 206 MB at a million tokens a step), and a
+// token's rows are summed by one block, so one token filling most of the batch
+// (padding, say) serialises that sum.
 #pragma once
 
 #include <cstddef>

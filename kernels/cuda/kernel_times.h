@@ -46,6 +46,7 @@ class KernelTimes {
             std::atexit([] { KernelTimes::get().report(); });
             registered_ = true;
         }
+        if (spans_.size() >= kFoldAt) fold();
         Span span{name, nullptr, nullptr};
         cudaEventCreate(&span.start);
         cudaEventCreate(&span.stop);
@@ -56,24 +57,14 @@ class KernelTimes {
     void end(int span, cudaStream_t stream) { cudaEventRecord(spans_[span].stop, stream); }
 
     void report() {
-        if (spans_.empty() || cudaDeviceSynchronize() != cudaSuccess) return;
-        struct Total {
-            double ms = 0.0;
-            long calls = 0;
-        };
-        std::map<std::string, Total> totals;
+        fold();
+        if (totals_.empty()) return;
         double all = 0.0;
-        for (const Span& s : spans_) {
-            float ms = 0.0f;
-            if (cudaEventElapsedTime(&ms, s.start, s.stop) != cudaSuccess) continue;
-            totals[s.name].ms += ms;
-            totals[s.name].calls++;
-            all += ms;
-        }
-        std::vector<std::pair<std::string, Total>> rows(totals.begin(), totals.end());
+        long launches = 0;
+        for (const auto& [name, total] : totals_) all += total.ms, launches += total.calls;
+        std::vector<std::pair<std::string, Total>> rows(totals_.begin(), totals_.end());
         std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
-        std::fprintf(stderr, "kernel times (KNNGPT_KERNEL_TIMES): %zu launches, %.1f ms of GPU time\n", spans_.size(),
-                     all);
+        std::fprintf(stderr, "kernel times (KNNGPT_KERNEL_TIMES): %ld launches, %.1f ms of GPU time\n", launches, all);
         std::fprintf(stderr, "%10s %7s %8s %9s  %s\n", "ms", "share", "calls", "us/call", "kernel");
         for (const auto& [name, total] : rows)
             std::fprintf(stderr, "%10.2f %6.1f%% %8ld %9.1f  %s\n", total.ms, all > 0 ? 100.0 * total.ms / all : 0.0,
@@ -85,7 +76,28 @@ class KernelTimes {
         std::string name;
         cudaEvent_t start, stop;
     };
+    struct Total {
+        double ms = 0.0;
+        long calls = 0;
+    };
+    // Every kFoldAt launches (and at the report) the spans so far are waited for,
+    // added to the totals and their events destroyed, so a long run holds few events.
+    static constexpr size_t kFoldAt = 4096;
+    void fold() {
+        if (spans_.empty() || cudaDeviceSynchronize() != cudaSuccess) return;
+        for (const Span& s : spans_) {
+            float ms = 0.0f;
+            if (cudaEventElapsedTime(&ms, s.start, s.stop) == cudaSuccess) {
+                totals_[s.name].ms += ms;
+                totals_[s.name].calls++;
+            }
+            cudaEventDestroy(s.start);
+            cudaEventDestroy(s.stop);
+        }
+        spans_.clear();
+    }
     std::vector<Span> spans_;
+    std::map<std::string, Total> totals_;
     bool registered_ = false;
 };
 

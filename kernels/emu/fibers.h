@@ -449,9 +449,16 @@ inline bool complete_warp_round(Launch& launch, Fiber& self) {
         }
         case WarpOp::collective: {
             void* lane_args[kWarpLanes] = {};
+            const auto complete = reinterpret_cast<const WarpCollective*>(self.operand)->complete;
             for (unsigned m = mask; m; m &= m - 1) {
                 const unsigned lane = __builtin_ctz(m);
                 lane_args[lane] = reinterpret_cast<void*>(lanes[lane].operand);
+                if (reinterpret_cast<const WarpCollective*>(lane_args[lane])->complete != complete) {
+                    launch.error = where(launch, lanes[lane]) + describe_call(lanes[lane]) + ": lane " +
+                                   std::to_string(lane) + " is at another warp-collective instruction than " +
+                                   describe_call(self);
+                    abandon_launch(self);
+                }
             }
             reinterpret_cast<const WarpCollective*>(self.operand)->complete(lane_args);
             break;
