@@ -101,19 +101,31 @@ float time_ms(const std::function<void()>& call) {
     return ms[runs / 2];
 }
 
-void bench_config(int T, int HS) {
-    constexpr int NH = 16;
-    const int B = std::max(1, 16384 / T);
-    const int C = NH * HS;
-    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
+// The operands of one timed shape: NH = 16 heads of HS, B = max(1, 16384 / T),
+// qkv and dout uniform (seeds seed, seed + 1), out, lse and dqkv (zeroed) allocated;
+// freed at the end of the scope.
+struct AttentionBuffers {
+    static constexpr int NH = 16;
+    int B, T, C;
+    size_t n_qkv, n_out, n_lse;
+    float *qkv, *dout, *out = nullptr, *lse = nullptr, *dqkv = nullptr;
+    AttentionBuffers(int T_, int HS, uint32_t seed)
+        : B(std::max(1, 16384 / T_)), T(T_), C(NH * HS), n_qkv((size_t)B * T * 3 * C), n_out((size_t)B * T * C),
+          n_lse((size_t)B * NH * T), qkv(device_uniform(n_qkv, seed)), dout(device_uniform(n_out, seed + 1)) {
+        CUDA_CHECK(cudaMalloc(&out, n_out * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&lse, n_lse * sizeof(float)));
+        CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(float)));
+        CUDA_CHECK(cudaMemset(dqkv, 0, n_qkv * sizeof(float)));
+    }
+    ~AttentionBuffers() {
+        for (float* p : {qkv, dout, out, lse, dqkv}) CUDA_CHECK(cudaFree(p));
+    }
+};
 
-    float* qkv = device_uniform(n_qkv, 1);
-    float* dout = device_uniform(n_out, 2);
-    float *out = nullptr, *lse = nullptr, *dqkv = nullptr;
-    CUDA_CHECK(cudaMalloc(&out, n_out * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&lse, n_lse * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(float)));
-    CUDA_CHECK(cudaMemset(dqkv, 0, n_qkv * sizeof(float)));
+void bench_config(int T, int HS) {
+    AttentionBuffers buffers(T, HS, 1);
+    const int B = buffers.B, C = buffers.C, NH = AttentionBuffers::NH;
+    float *qkv = buffers.qkv, *dout = buffers.dout, *out = buffers.out, *lse = buffers.lse, *dqkv = buffers.dqkv;
 
     const float fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_fp32(out, lse, qkv, B, T, C, NH); });
     const float bwd_ms =
@@ -139,12 +151,6 @@ void bench_config(int T, int HS) {
                 tflops(fwd_flops, mma_fwd_ms), mma_bwd_ms, tflops(bwd_flops, mma_bwd_ms));
     std::printf("ratio tiled/reference fwd=%.3f (reference fwd_ms=%.3f)\n", fwd_ms / ref_ms, ref_ms);
     std::fflush(stdout);
-
-    CUDA_CHECK(cudaFree(qkv));
-    CUDA_CHECK(cudaFree(dout));
-    CUDA_CHECK(cudaFree(out));
-    CUDA_CHECK(cudaFree(lse));
-    CUDA_CHECK(cudaFree(dqkv));
 }
 
 // kNN attention and sampled gradients at one shape (HS 64, NH 16, B * T = 16384 rows
@@ -155,19 +161,12 @@ void bench_config(int T, int HS) {
 // knn_fwd = top-k search + sparse forward; sampled_bwd = the exact-row source,
 // lazy_bwd = the lazy-Gumbel source on the top-k lists (both s = 16, no signed-start dV).
 void bench_knn(int T) {
-    constexpr int NH = 16, HS = 64, k = 32, samples = 16;
-    const int B = std::max(1, 16384 / T);
-    const int C = NH * HS;
-    const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_lse = (size_t)B * NH * T;
-    float* qkv = device_uniform(n_qkv, 3);
-    float* dout = device_uniform(n_out, 4);
-    float *out = nullptr, *lse = nullptr, *dqkv = nullptr;
+    constexpr int HS = 64, k = 32, samples = 16;
+    AttentionBuffers buffers(T, HS, 3);
+    const int B = buffers.B, C = buffers.C, NH = AttentionBuffers::NH;
+    float *qkv = buffers.qkv, *dout = buffers.dout, *out = buffers.out, *lse = buffers.lse, *dqkv = buffers.dqkv;
     int* idx = nullptr;
-    CUDA_CHECK(cudaMalloc(&out, n_out * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&lse, n_lse * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&dqkv, n_qkv * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&idx, n_lse * k * sizeof(int)));
-    CUDA_CHECK(cudaMemset(dqkv, 0, n_qkv * sizeof(float)));
+    CUDA_CHECK(cudaMalloc(&idx, buffers.n_lse * k * sizeof(int)));
     using knngpt::GradSampleSource;
     const float exact_fwd_ms = time_ms([&] { knngpt::cuda::attention_forward_mma(out, lse, qkv, B, T, C, NH); });
     const float exact_bwd_ms =
@@ -188,11 +187,6 @@ void bench_knn(int T) {
                 T, HS, k, topk_ms, sparse_ms, topk_ms + sparse_ms, exact_fwd_ms, topk_ms / exact_fwd_ms, sampled_ms,
                 lazy_ms, exact_bwd_ms);
     std::fflush(stdout);
-    CUDA_CHECK(cudaFree(qkv));
-    CUDA_CHECK(cudaFree(dout));
-    CUDA_CHECK(cudaFree(out));
-    CUDA_CHECK(cudaFree(lse));
-    CUDA_CHECK(cudaFree(dqkv));
     CUDA_CHECK(cudaFree(idx));
 }
 

@@ -144,22 +144,49 @@ __device__ __forceinline__ void attention_mma_load_a(uint32_t (&a)[4], const bf1
 // times B^T (64 rows of tile b), over the head's channels: S = Q K^T and the like.
 // B^T's fragments come straight from b's rows (ldmatrix: m = lane / 8 covers rows
 // (m >> 1) * 8 + .., channels (m & 1) * 8 + ..), two 8-column blocks at a time.
+// One 16-channel step ks of that product, for the A fragment a of the step.
+template <class Tile, int COL_BLOCKS>
+__device__ __forceinline__ void attention_mma_abt_step(float (&acc)[COL_BLOCKS][4], const uint32_t (&a)[4],
+                                                       const bf16* b_tile, int b0, int ks) {
+    const int lane = threadIdx.x % 32, m = lane / 8;
+    for (int np = 0; np < COL_BLOCKS / 2; np++) {
+        uint32_t bt[4];
+        ldmatrix_x4(bt, b_tile + (b0 + 16 * np + (m >> 1) * 8 + lane % 8) * Tile::ld + 16 * ks + (m & 1) * 8);
+        const uint32_t b_lo[2] = {bt[0], bt[1]}, b_hi[2] = {bt[2], bt[3]};
+        mma_bf16_16816(acc[2 * np], a, b_lo, acc[2 * np]);
+        mma_bf16_16816(acc[2 * np + 1], a, b_hi, acc[2 * np + 1]);
+    }
+}
+
 template <class Tile, int COL_BLOCKS>
 __device__ __forceinline__ void attention_mma_abt(float (&acc)[COL_BLOCKS][4], const bf16* a_tile, int a0,
                                                   const bf16* b_tile, int b0) {
-    const int lane = threadIdx.x % 32, m = lane / 8;
     for (int nb = 0; nb < COL_BLOCKS; nb++)
         for (int e = 0; e < 4; e++) acc[nb][e] = 0.0f;
     for (int ks = 0; ks < Tile::k_steps; ks++) {
         uint32_t a[4];
         attention_mma_load_a<Tile>(a, a_tile, a0, ks);
-        for (int np = 0; np < COL_BLOCKS / 2; np++) {
-            uint32_t bt[4];
-            ldmatrix_x4(bt, b_tile + (b0 + 16 * np + (m >> 1) * 8 + lane % 8) * Tile::ld + 16 * ks + (m & 1) * 8);
-            const uint32_t b_lo[2] = {bt[0], bt[1]}, b_hi[2] = {bt[2], bt[3]};
-            mma_bf16_16816(acc[2 * np], a, b_lo, acc[2 * np]);
-            mma_bf16_16816(acc[2 * np + 1], a, b_hi, acc[2 * np + 1]);
-        }
+        attention_mma_abt_step<Tile, COL_BLOCKS>(acc, a, b_tile, b0, ks);
+    }
+}
+
+// The double buffer of a walk over tiles: tile n of the walk sits in stage n & 1
+// of a_tiles and b_tiles (two (64, ld) tiles each). Issues the loads of the next
+// tile's rows next_row0 .. of the heads a and b into stage next_stage, when there
+// is a next tile, then waits until the current tile has landed. The caller then
+// synchronises the block, and must not refill a stage before the barrier that
+// ends the iteration reading it.
+template <class Tile>
+__device__ __forceinline__ void attention_mma_next_tiles(bf16* a_tiles, const bf16* a_head, bf16* b_tiles,
+                                                         const bf16* b_head, bool has_next, int next_stage,
+                                                         int next_row0, int T) {
+    if (has_next) {
+        attention_mma_load_tile<Tile>(a_tiles + (size_t)next_stage * Tile::tile_elems, a_head, next_row0, T);
+        attention_mma_load_tile<Tile>(b_tiles + (size_t)next_stage * Tile::tile_elems, b_head, next_row0, T);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
     }
 }
 
@@ -247,15 +274,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads, 2)
 
     for (int n = 0; n < tiles; n++) {
         const int j0 = n * kAttentionMmaCols;
-        if (n + 1 < tiles) {  // the next K, V into the other stage (free since the last iteration's barrier)
-            const size_t next = (size_t)((n + 1) & 1) * Tile::tile_elems;
-            attention_mma_load_tile<Tile>(k_tiles + next, k + head, j0 + kAttentionMmaCols, T);
-            attention_mma_load_tile<Tile>(v_tiles + next, v + head, j0 + kAttentionMmaCols, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        attention_mma_next_tiles<Tile>(k_tiles, k + head, v_tiles, v + head, n + 1 < tiles, (n + 1) & 1,
+                                       j0 + kAttentionMmaCols, T);
         __syncthreads();  // tile n (and Q) have landed for every thread
         if (n == 0)
             for (int ks = 0; ks < Tile::k_steps; ks++) attention_mma_load_a<Tile>(q_frag[ks], q_tile, row_w, ks);
@@ -266,16 +286,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads, 2)
         float s[NB][4];
         for (int nb = 0; nb < NB; nb++)
             for (int e = 0; e < 4; e++) s[nb][e] = 0.0f;
-        for (int ks = 0; ks < Tile::k_steps; ks++) {
-            for (int np = 0; np < NB / 2; np++) {
-                const int m = lane / 8;
-                uint32_t bt[4];
-                ldmatrix_x4(bt, k_tile + (16 * np + (m >> 1) * 8 + lane % 8) * Tile::ld + 16 * ks + (m & 1) * 8);
-                const uint32_t b_lo[2] = {bt[0], bt[1]}, b_hi[2] = {bt[2], bt[3]};
-                mma_bf16_16816(s[2 * np], q_frag[ks], b_lo, s[2 * np]);
-                mma_bf16_16816(s[2 * np + 1], q_frag[ks], b_hi, s[2 * np + 1]);
-            }
-        }
+        for (int ks = 0; ks < Tile::k_steps; ks++) attention_mma_abt_step<Tile, NB>(s, q_frag[ks], k_tile, 0, ks);
 
         // scores, the causal mask on the diagonal tile, and the rows' tile maxima
         const bool diagonal = j0 == i0;
@@ -376,15 +387,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads, 2)
 
     for (int n = 0; n < tiles; n++) {
         const int j0 = n * kAttentionMmaCols;
-        if (n + 1 < tiles) {
-            const size_t next = (size_t)((n + 1) & 1) * Tile::tile_elems;
-            attention_mma_load_tile<Tile>(k_tiles + next, k + head, j0 + kAttentionMmaCols, T);
-            attention_mma_load_tile<Tile>(v_tiles + next, v + head, j0 + kAttentionMmaCols, T);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
+        attention_mma_next_tiles<Tile>(k_tiles, k + head, v_tiles, v + head, n + 1 < tiles, (n + 1) & 1,
+                                       j0 + kAttentionMmaCols, T);
         __syncthreads();
         const bf16* k_tile = k_tiles + (size_t)(n & 1) * Tile::tile_elems;
         const bf16* v_tile = v_tiles + (size_t)(n & 1) * Tile::tile_elems;
@@ -447,18 +451,13 @@ __global__ void __launch_bounds__(kAttentionMmaThreads, 2)
 
     for (int n = first; n < tiles; n++) {
         const int i0 = n * kAttentionMmaCols, stage = (n - first) & 1;
-        if (n + 1 < tiles) {
-            const int next = stage ^ 1;
-            attention_mma_load_tile<Tile>(q_tiles + next * Tile::tile_elems, q + head, i0 + kAttentionMmaCols, T);
-            attention_mma_load_tile<Tile>(dy_tiles + next * Tile::tile_elems, dy + head, i0 + kAttentionMmaCols, T);
-            cp_async_commit();
-            float* next_stats = stats + next * 2 * kAttentionMmaCols;
+        if (n + 1 < tiles) {  // the next tile's lse and Delta, plain loads into the other stage
+            float* next_stats = stats + (stage ^ 1) * 2 * kAttentionMmaCols;
             attention_load_row_stats<kAttentionMmaCols>(next_stats, next_stats + kAttentionMmaCols, lse_bh, delta_bh,
                                                         i0 + kAttentionMmaCols, T);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
         }
+        attention_mma_next_tiles<Tile>(q_tiles, q + head, dy_tiles, dy + head, n + 1 < tiles, stage ^ 1,
+                                       i0 + kAttentionMmaCols, T);
         __syncthreads();
         const bf16* q_tile = q_tiles + stage * Tile::tile_elems;
         const bf16* dy_tile = dy_tiles + stage * Tile::tile_elems;

@@ -584,19 +584,21 @@ inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
         std::exit(1);
     }
     const GemmPlan& plan = gemm_plan(gemm_key(precision, trans_a, trans_b, m, n, k, A, lda, B, ldb, C, ldc, epilogue));
-#if !defined(KNNGPT_CUDA_EMU)
-    if (KernelTimes::enabled() && plan.has_algorithm) {  // named by shape (kernels/cuda/kernel_times.h)
-        const std::string name = std::string("cublasLt gemm ") + (precision == MatmulPrecision::BF16 ? "bf16 " : "fp32 ") +
-                                 (trans_a ? "T" : "N") + (trans_b ? "T" : "N") + " m" + std::to_string(m) + " n" +
-                                 std::to_string(n) + " k" + std::to_string(k) + (epilogue.empty() ? "" : " +epilogue");
-        const int span = KernelTimes::get().begin(name, nullptr);
-        run_gemm_plan(plan, A, B, beta, C, epilogue);
-        KernelTimes::get().end(span, nullptr);
-        return true;
-    }
-#endif
     if (!plan.has_algorithm) return false;
+#if !defined(KNNGPT_CUDA_EMU)
+    int timed = -1;  // KNNGPT_KERNEL_TIMES: the GEMM named by its shape (kernels/cuda/kernel_times.h)
+    if (KernelTimes::enabled())
+        timed = KernelTimes::get().begin(std::string("cublasLt gemm ") +
+                                             (precision == MatmulPrecision::BF16 ? "bf16 " : "fp32 ") +
+                                             (trans_a ? "T" : "N") + (trans_b ? "T" : "N") + " m" + std::to_string(m) +
+                                             " n" + std::to_string(n) + " k" + std::to_string(k) +
+                                             (epilogue.empty() ? "" : " +epilogue"),
+                                         nullptr);
+#endif
     run_gemm_plan(plan, A, B, beta, C, epilogue);
+#if !defined(KNNGPT_CUDA_EMU)
+    if (timed >= 0) KernelTimes::get().end(timed, nullptr);
+#endif
     return true;
 }
 
