@@ -27,8 +27,12 @@
 //            with f_ij >= t_i, an fp32 value <= f_k - 2 Delta_i. Over the tiles a row keeps
 //            the keys reaching the threshold of its k-th best so far (a lower one, so a
 //            superset), pruned now and then (TopkBruteRow); at the end exactly these;
-//   rescore  the candidates with attention_dot (a panel of just them, topk_panel.h), and
-//            the top k of them by (score desc, j asc).
+//   rescore  the candidates with attention_dot (attention_scores' side-by-side chains with
+//            tau = 1), and the top k of them by (score desc, j asc)
+//            (topk_select_in_key_order; TopkSelector where the bound does not apply).
+// The search is causal_topk_brute_fast<Pass>: the fast scores and their bound come from
+// the pass, sgemm here (TopkSgemmPass), or int8 dot products of quantised queries and keys
+// (topk_int8.h, index `int8`); the rows, the cut and the rescoring are the same code.
 // Why that is the reference's list: the k keys of largest f all have s >= f - Delta >=
 // f_k - Delta, so the k-th largest s is >= f_k - Delta; a key of S_i scores at least the
 // k-th largest s, so its f >= s - Delta >= f_k - 2 Delta >= t_i: every key of S_i is a
@@ -60,6 +64,13 @@
 #include <strings.h>
 #include <functional>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define KNNGPT_TOPK_KEEP_AVX512 1
+#else
+#define KNNGPT_TOPK_KEEP_AVX512 0
+#endif
 
 #include "kernels/cpu/topk_panel.h"
 #include "kernels/cpu/topk_select.h"
@@ -194,8 +205,20 @@ inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k, int max_st
     for (int step = 0; lo < hi && step != max_steps; step++) {  // invariant: at least k keys >= lo, fewer than k keys > hi
         const int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
         int count = 0;
+#if KNNGPT_TOPK_KEEP_AVX512
+        // 16 keys a compare into a mask (a horizontal sum per step was most of a step's time)
+        const __m512i m = _mm512_set1_epi32(mid);
+        int u = 0;
+        for (; u + 16 <= n; u += 16)
+            count += __builtin_popcount((unsigned)_mm512_cmpge_epi32_mask(_mm512_loadu_si512(key + u), m));
+        if (u < n) {
+            const __mmask16 valid = (__mmask16)((1u << (n - u)) - 1);
+            count += __builtin_popcount((unsigned)_mm512_mask_cmpge_epi32_mask(valid, _mm512_maskz_loadu_epi32(valid, key + u), m));
+        }
+#else
         #pragma omp simd reduction(+ : count)
         for (int u = 0; u < n; u++) count += key[u] >= mid;
+#endif
         if (count >= k)
             lo = mid;
         else
@@ -235,9 +258,10 @@ struct TopkBruteRow {
     }
     void set_cap(int c) {
         cap = c;
-        if (kept_key.size() < (size_t)cap + kTopkKeepGroup) {
-            kept_key.resize((size_t)cap + kTopkKeepGroup);
-            kept_order.resize((size_t)cap + kTopkKeepGroup);
+        // room for a group's appends past cap, and for a whole 16-lane store after those
+        if (kept_key.size() < (size_t)cap + kTopkKeepGroup + 16) {
+            kept_key.resize((size_t)cap + kTopkKeepGroup + 16);
+            kept_order.resize((size_t)cap + kTopkKeepGroup + 16);
         }
     }
     // kth = the k-th largest kept score (n_kept >= k; a lower bound of it after max_steps
@@ -255,31 +279,55 @@ struct TopkBruteRow {
         n_kept = m;
         set_cap(std::max(k + kTopkKeepExtra, 2 * n_kept));
     }
-    // fast scores f[0..n) of keys first_key, first_key + 1, ..: groups of kTopkKeepGroup, a
-    // vectorised count first (most groups have no key reaching t); in a group that has
-    // some, a branch-free append of each eight that has some
+    // fast scores f[0..n) of keys first_key, first_key + 1, ..: groups of kTopkKeepGroup,
+    // each appended (below) and followed by a prune if kept is full. When t changes makes
+    // no difference to the final candidates (the keys with f >= the final t), only to the
+    // time taken.
     void offer(const float* f, int n, int first_key) {
-        constexpr int G = kTopkKeepGroup;
-        int s = 0;
-        for (; s + G <= n; s += G) {
-            const float tt = t;
-            int reaching = 0;
-            #pragma omp simd reduction(+ : reaching)
-            for (int l = 0; l < G; l++) reaching += f[s + l] >= tt;
-            if (!reaching) continue;
-            for (int s8 = s; s8 < s + G; s8 += kTopkLanes) {
-                int reaching8 = 0;
-                for (int l = 0; l < kTopkLanes; l++) reaching8 += f[s8 + l] >= tt;
-                if (reaching8) append(f + s8, kTopkLanes, first_key + s8, tt);
-            }
-            if (n_kept >= cap) prune();
-        }
-        if (s < n) {
-            append(f + s, n - s, first_key + s, t);
+        for (int s = 0; s < n; s += kTopkKeepGroup) {
+            append_group(f + s, std::min(kTopkKeepGroup, n - s), first_key + s);
             if (n_kept >= cap) prune();
         }
     }
-    // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= tt onto kept, branch-free
+#if KNNGPT_TOPK_KEEP_AVX512
+    // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= t onto kept: 16 at a time, a mask
+    // compare and the kept lanes compressed to the front of a register stored whole (the
+    // lanes past them are overwritten by later appends), without branches
+    void append_group(const float* f, int g, int first_key) {
+        const __m512 tt = _mm512_set1_ps(t);
+        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+        for (int s = 0; s < g; s += 16) {
+            const __mmask16 valid = g - s >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g - s)) - 1);
+            const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(valid, f + s), _mm512_setzero_ps());  // -0 as +0
+            const __mmask16 keep = _mm512_mask_cmp_ps_mask(valid, v, tt, _CMP_GE_OQ);
+            // topk_order_key, lane by lane (the zero-masked shift: GCC 12 warns, wrongly, about the
+            // plain one's undefined source)
+            const __m512i bits = _mm512_castps_si512(v);
+            const __m512i order = _mm512_xor_si512(bits, _mm512_and_si512(_mm512_maskz_srai_epi32((__mmask16)0xffff, bits, 31), magnitude));
+            const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(first_key + s));
+            _mm512_storeu_si512(kept_order.data() + n_kept, _mm512_maskz_compress_epi32(keep, order));
+            _mm512_storeu_si512(kept_key.data() + n_kept, _mm512_maskz_compress_epi32(keep, key));
+            n_kept += __builtin_popcount((unsigned)keep);
+        }
+    }
+#else
+    // the same without AVX-512: a vectorised count first (most groups have no key reaching
+    // t); in a group that has some, a branch-free append of each eight that has some
+    void append_group(const float* f, int g, int first_key) {
+        const float tt = t;
+        int reaching = 0;
+        #pragma omp simd reduction(+ : reaching)
+        for (int l = 0; l < g; l++) reaching += f[l] >= tt;
+        if (!reaching) return;
+        for (int s8 = 0; s8 < g; s8 += kTopkLanes) {
+            const int g8 = std::min(kTopkLanes, g - s8);
+            int reaching8 = 0;
+            for (int l = 0; l < g8; l++) reaching8 += f[s8 + l] >= tt;
+            if (reaching8) append(f + s8, g8, first_key + s8, tt);
+        }
+    }
+    // the keys of f[0..g) with f >= tt onto kept, branch-free
     void append(const float* f, int g, int first_key, float tt) {
         int m = n_kept;
         for (int l = 0; l < g; l++) {
@@ -289,17 +337,51 @@ struct TopkBruteRow {
         }
         n_kept = m;
     }
+#endif
     // the final t: kept_key[0..n_kept) then holds exactly the candidates (the row has > k
     // keys, all offered)
     void finish() { prune(-1); }
 };
 
-// The sgemm search (see the header comment); the same lists as causal_topk_brute_reference.
+// The top k (k < n) of finite scores[0..n) of keys[0..n), given in ascending key order, by
+// (score desc, key asc), written in ascending key order to dst: the k-th largest score v
+// by bisection over the order keys (order: scratch of n + 16), then one pass in key order
+// keeping the keys above v and, of those equal to v, the first ones (ties to the smaller
+// key). TopkSelector's answer for finite scores (-0 ties with +0 there too), without a
+// heap or a sort.
+inline void topk_select_in_key_order(int* dst, const float* scores, const int* keys, int n, int k, int32_t* order) {
+    int above = 0;
+    for (int u = 0; u < n; u++) order[u] = topk_order_key(scores[u] + 0.0f);
+    const int32_t v = topk_kth_largest_key(order, n, k);
+    for (int u = 0; u < n; u++) above += order[u] > v;
+    int ties = k - above, m = 0;  // keys equal to v still to take
+    for (int u = 0; u < n && m < k; u++) {
+        const bool take = order[u] > v || (order[u] == v && ties > 0);
+        ties -= order[u] == v && take;
+        if (take) dst[m++] = keys[u];
+    }
+}
+
+// The fast search (see the header comment) with a first pass `Pass`: sgemm here
+// (TopkSgemmPass), int8 in topk_int8.h; the same lists as causal_topk_brute_reference.
 // Per query block, the fast scores come tile by tile (kTopkKeyTile keys), each tile consumed
 // by the rows while it is in cache; every row keeps the keys reaching its threshold of the
 // moment (TopkBruteRow), and at the end rescores those that reach its final threshold.
-inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
-                                    TopkStats* stats = nullptr) {
+//
+// A pass is constructed once per call from (qkv, B, T, C, NH, keys, kn_max, pass_args...)
+// (keys: each head's keys, contiguous (T, HS); kn_max[j]: the largest topk_norm_up(k_j')
+// over j' <= j)
+// and provides, per thread, `typename Pass::Rows rows(pass)` with
+//   rows.begin(b, h, i_search, i1)        the block's rows (e.g. quantise their queries)
+//   rows.margin(i)                        Delta_i of row i in the pass's units, and fast_ok
+//   rows.tile(fast, ld, r0, i1, j0, j1)   fast[(i - r0) ld + (j - j0)] for r0 <= i < i1,
+//                                         j0 <= j < min(i + 1, j1) (more may be written,
+//                                         within the row's ld)
+// where a fast score f_ij and attention_dot(q_i, k_j) / c_i (c_i > 0 per row) lie within
+// Delta_i of each other for every causal j.
+template <class Pass, class... PassArgs>
+inline void causal_topk_brute_fast(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                                   TopkStats* stats = nullptr, PassArgs... pass_args) {
     topk_check_shapes(B, T, C, NH, k);
     const int HS = C / NH;
     topk_check(HS <= (1 << 20), "the head size must be <= 2^20");
@@ -322,17 +404,20 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                 m[j] = run;
             }
         }
+    const Pass pass(qkv, B, T, C, NH, keys.data(), kn_max.data(), pass_args...);
     const int QB = kTopkBruteQueryBlock;
     const int num_blocks = (T + QB - 1) / QB;
     long long scores_computed = 0, scores_rescored = 0;
     #pragma omp parallel reduction(+ : scores_computed, scores_rescored)
     {
-        // per-thread scratch: a tile of fast scores (block, tile); the rows' states; a row's
-        // candidate panel and their exact scores
+        // per-thread scratch: the pass's rows; a tile of fast scores (block, tile); the rows'
+        // states; a row's candidates' exact scores
+        typename Pass::Rows rows(pass);
         std::vector<float> fast((size_t)QB * kTopkKeyTile);
         std::vector<TopkBruteRow> state((size_t)QB, TopkBruteRow(k));
         std::vector<int> all_keys;
-        std::vector<float> cand_panel, cand_scores;
+        std::vector<float> cand_scores;
+        std::vector<int32_t> cand_order;
         TopkSelector selector(k);
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++) {
@@ -345,15 +430,12 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                     if (i_search == i1) continue;
                     const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
                     const float* k_head = keys.data() + ((size_t)b * NH + h) * T * HS;
-                    const double* kn = kn_max.data() + ((size_t)b * NH + h) * T;
-                    for (int i = i_search; i < i1; i++)
-                        state[i - i_search].start(topk_brute_margin(topk_norm_up(q_head + (size_t)i * C3, HS), kn[i], HS));
+                    rows.begin(b, h, i_search, i1);
+                    for (int i = i_search; i < i1; i++) state[i - i_search].start(rows.margin(i));
                     // key tiles [j0, j1) against the rows that see some of them, i >= j0
                     for (int j0 = 0; j0 < i1; j0 += kTopkKeyTile) {
                         const int j1 = std::min(j0 + kTopkKeyTile, i1), r0 = std::max(i_search, j0);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - r0, j1 - j0, HS, 1.0f,
-                                    q_head + (size_t)r0 * C3, (int)C3, k_head + (size_t)j0 * HS, HS, 0.0f,
-                                    fast.data(), kTopkKeyTile);
+                        rows.tile(fast.data(), kTopkKeyTile, r0, i1, j0, j1);
                         for (int i = r0; i < i1; i++) {
                             TopkBruteRow& row = state[i - i_search];
                             if (row.fast_ok)
@@ -382,15 +464,25 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
                                 for (int d = 0; d < HS; d += 16) __builtin_prefetch(k_head + (size_t)next.kept_key[u] * HS + d);
                         }
                         const int* cand = nullptr;
-                        const int n = candidates(i, cand), chunks = topk_num_chunks(n);
-                        // the candidates' exact scores, then the top k of them
-                        cand_panel.resize((size_t)chunks * HS * kTopkLanes);
-                        cand_scores.resize((size_t)chunks * kTopkLanes);
-                        topk_pack_chunks(cand_panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * HS; });
-                        topk_score_chunks(cand_scores.data(), q_head + (size_t)i * C3, cand_panel.data(), 0, chunks, HS);
-                        selector.clear();
-                        selector.offer_list(cand_scores.data(), cand, n);
-                        selector.write_sorted(idx + topk_idx_row(b, h, i, T, NH, k));
+                        const int n = candidates(i, cand);
+                        // the candidates' exact scores, 32 chains side by side (attention_dot's
+                        // bits: attention_scores with tau = 1), then the top k of them
+                        cand_scores.resize((size_t)n);
+                        for (int u0 = 0; u0 < n; u0 += 32) {
+                            const float* ptrs[32];
+                            const int count = std::min(32, n - u0);
+                            for (int u = 0; u < count; u++) ptrs[u] = k_head + (size_t)cand[u0 + u] * HS;
+                            attention_scores<32>(cand_scores.data() + u0, q_head + (size_t)i * C3, ptrs, count, HS, 1.0f);
+                        }
+                        int* dst = idx + topk_idx_row(b, h, i, T, NH, k);
+                        if (state[i - i_search].fast_ok) {  // finite scores, ascending keys
+                            cand_order.resize((size_t)n + 16);
+                            topk_select_in_key_order(dst, cand_scores.data(), cand, n, k, cand_order.data());
+                        } else {  // the reference's selector, whatever the scores
+                            selector.clear();
+                            selector.offer_list(cand_scores.data(), cand, n);
+                            selector.write_sorted(dst);
+                        }
                         scores_computed += i + 1;
                         scores_rescored += n;
                     }
@@ -402,6 +494,42 @@ inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, in
         stats->scores_computed += scores_computed;
         stats->scores_rescored += scores_rescored;
     }
+}
+
+// The sgemm first pass: f_ij = q_i . k_j by cblas_sgemm (c_i = 1), Delta_i from
+// topk_brute_margin (both dots' fp32 rounding).
+struct TopkSgemmPass {
+    const float* qkv;
+    const float* keys;
+    const double* kn_max;
+    int T, C, NH, HS;
+    TopkSgemmPass(const float* qkv_, int, int T_, int C_, int NH_, const float* keys_, const double* kn_max_)
+        : qkv(qkv_), keys(keys_), kn_max(kn_max_), T(T_), C(C_), NH(NH_), HS(C_ / NH_) {}
+    struct Rows {
+        const TopkSgemmPass& p;
+        const float* q_head = nullptr;
+        const float* k_head = nullptr;
+        const double* kn = nullptr;
+        explicit Rows(const TopkSgemmPass& pass) : p(pass) {}
+        void begin(int b, int h, int, int) {
+            q_head = p.qkv + (size_t)b * p.T * 3 * p.C + (size_t)h * p.HS;
+            k_head = p.keys + ((size_t)b * p.NH + h) * p.T * p.HS;
+            kn = p.kn_max + ((size_t)b * p.NH + h) * p.T;
+        }
+        TopkBruteMargin margin(int i) const {
+            return topk_brute_margin(topk_norm_up(q_head + (size_t)i * 3 * p.C, p.HS), kn[i], p.HS);
+        }
+        void tile(float* fast, int ld, int r0, int i1, int j0, int j1) const {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - r0, j1 - j0, p.HS, 1.0f,
+                        q_head + (size_t)r0 * 3 * p.C, 3 * p.C, k_head + (size_t)j0 * p.HS, p.HS, 0.0f, fast, ld);
+        }
+    };
+};
+
+// The sgemm search: the same lists as causal_topk_brute_reference.
+inline void causal_topk_brute_sgemm(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                                    TopkStats* stats = nullptr) {
+    causal_topk_brute_fast<TopkSgemmPass>(idx, qkv, B, T, C, NH, k, stats);
 }
 
 // Whether the sgemm search pays here: not where OpenBLAS runs one of its SSE-only kernel
