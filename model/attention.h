@@ -84,6 +84,7 @@ inline const char* attn_index_name(ops::TopkIndex i) {
         case ops::TopkIndex::Block: return "block";
         case ops::TopkIndex::Lsh: return "lsh";
         case ops::TopkIndex::Cluster: return "cluster";
+        case ops::TopkIndex::Int8: return "int8";
     }
     return "?";
 }

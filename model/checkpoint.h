@@ -360,7 +360,7 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.gumbel_samples = header[59];
     a.seed = get_u64(header, 60);
     a.kmv_threshold = (KmvThreshold)header[62];
-    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Cluster ||
+    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Int8 ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative)
         throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..62)");

@@ -170,6 +170,9 @@ TEST_F(CudaTrainer, KnnAttentionMatchesCpuTrainer) { expect_same_run(" --attn kn
 // --attn-index block: the CPU's pruned exact index against the CUDA brute force, same lists.
 TEST_F(CudaTrainer, KnnBlockIndexMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-index block"); }
 
+// --attn-index int8: the CPU's int8 first pass against the CUDA brute force, same lists.
+TEST_F(CudaTrainer, KnnInt8IndexMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-index int8"); }
+
 TEST_F(CudaTrainer, KnnTailAttentionMatchesCpuTrainer) {
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5");
 }

@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -49,6 +50,7 @@ const float* key_of(const vector<float>& qkv, const Shape& s, int b, int h, int 
 float* query_of(vector<float>& qkv, const Shape& s, int b, int h, int i) {
     return qkv.data() + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * s.HS();
 }
+float* key_of(vector<float>& qkv, const Shape& s, int b, int h, int j) { return query_of(qkv, s, b, h, j) + s.C; }
 
 vector<float> uniform_qkv(const Shape& s, unsigned seed) { return uniform(s.qkv_size(), seed); }
 
@@ -159,6 +161,12 @@ vector<int> run_brute_sgemm(const vector<float>& qkv, const Shape& s, int k, cpu
 vector<int> run_brute_reference(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr) {
     vector<int> idx(s.idx_size(k), -7);
     cpu::causal_topk_brute_reference(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats);
+    return idx;
+}
+vector<int> run_int8(const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats = nullptr,
+                     cpu::TopkInt8Kernel kernel = cpu::topk_int8_kernel()) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_brute_fast<cpu::TopkInt8Pass>(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats, kernel);
     return idx;
 }
 vector<int> run_block(const vector<float>& qkv, const Shape& s, int k, int block_size,
@@ -579,25 +587,35 @@ const char* brute_input_name(BruteInput kind) {
     return names[(int)kind];
 }
 
-TEST(TopkBrute, SgemmSearchEqualsTheReferenceBitForBit) {
-    // T = 1..5, T not a multiple of the query block (64), several B and NH; HS = 1, 7, 64, 130
-    const Shape shapes[] = {{1, 1, 4, 1},   {1, 2, 7, 1},    {2, 3, 7, 1},     {1, 4, 1, 1},  {1, 5, 130, 1},
-                            {3, 65, 3, 3},  {2, 70, 14, 2},  {1, 130, 64, 1},  {2, 129, 128, 2}, {1, 200, 130, 1},
-                            {1, 64, 64, 1}, {2, 97, 21, 3}};
+// A fast search `run(qkv, shape, k)` against the reference on every brute input kind, over
+// T = 1..5, T not a multiple of the query block (64), several B and NH, HS = 1, 7, 64, 130,
+// and `extra` shapes, with k from 1 to k > T; returns the rows compared.
+template <class Run>
+long long expect_reference_lists(Run run, unsigned seed0, std::vector<Shape> extra, const std::string& what) {
+    std::vector<Shape> shapes = {{1, 1, 4, 1},   {1, 2, 7, 1},   {2, 3, 7, 1},    {1, 4, 1, 1},
+                                 {1, 5, 130, 1}, {3, 65, 3, 3},  {2, 70, 14, 2},  {1, 130, 64, 1},
+                                 {2, 129, 128, 2}, {1, 200, 130, 1}, {1, 64, 64, 1}, {2, 97, 21, 3}};
+    shapes.insert(shapes.end(), extra.begin(), extra.end());
     long long rows_compared = 0;
     for (BruteInput kind : kBruteInputs) {
         for (const Shape& s : shapes) {
-            const vector<float> qkv = brute_input(kind, s, 1000 + s.T + (unsigned)kind * 7);
+            const vector<float> qkv = brute_input(kind, s, seed0 + s.T + (unsigned)kind * 7);
             for (int k : {1, 2, 5, 32, s.T - 1, s.T, s.T + 3}) {
                 if (k < 1) continue;
-                ASSERT_EQ(run_brute_sgemm(qkv, s, k), run_brute_reference(qkv, s, k))
-                    << brute_input_name(kind) << " B=" << s.B << " T=" << s.T << " C=" << s.C << " NH=" << s.NH
-                    << " k=" << k;
+                EXPECT_EQ(run(qkv, s, k), run_brute_reference(qkv, s, k))
+                    << what << " " << brute_input_name(kind) << " B=" << s.B << " T=" << s.T << " C=" << s.C
+                    << " NH=" << s.NH << " k=" << k;
+                if (::testing::Test::HasFailure()) return rows_compared;
                 rows_compared += (long long)s.B * s.NH * s.T;
             }
         }
     }
-    std::printf("  %lld rows compared\n", rows_compared);
+    return rows_compared;
+}
+
+TEST(TopkBrute, SgemmSearchEqualsTheReferenceBitForBit) {
+    auto sgemm = [](const vector<float>& qkv, const Shape& s, int k) { return run_brute_sgemm(qkv, s, k); };
+    std::printf("  %lld rows compared\n", expect_reference_lists(sgemm, 1000, {}, "sgemm"));
 }
 
 TEST(TopkBrute, SgemmSearchEqualsTheReferenceOnLongerSequences) {
@@ -663,6 +681,143 @@ TEST(TopkBrute, RescoresAboutKKeysPerRow) {
     const int k = 4;
     run_brute_sgemm(brute_input(BruteInput::Huge, s, 6), s, k, &huge);
     EXPECT_EQ(huge.scores_rescored, (long long)brute_scores(s, k));
+}
+
+// ---------------------------------------------------------------------------
+// int8: brute's search with an int8 first pass
+
+TEST(TopkInt8, EqualsTheReferenceBitForBit) {
+    // the sgemm test's shapes and inputs (ties, ulp-apart scores, zero queries, subnormal
+    // and huge entries), a head size above the int8 pass's limit (every key rescored) and a
+    // longer row, with every kernel this build and CPU have
+    for (cpu::TopkInt8Kernel kernel : cpu::topk_int8_kernels_here()) {
+        auto int8 = [kernel](const vector<float>& qkv, const Shape& s, int k) { return run_int8(qkv, s, k, nullptr, kernel); };
+        const long long rows = expect_reference_lists(int8, 2000, {{1, 40, 1100, 1}, {1, 600, 64, 1}},
+                                                      cpu::topk_int8_kernel_name(kernel));
+        std::printf("  %s: %lld rows compared\n", cpu::topk_int8_kernel_name(kernel), rows);
+    }
+}
+
+TEST(TopkInt8, EqualsTheReferenceOnLongerSequencesAndWithNonFiniteKeys) {
+    const Shape s{1, 1000, 128, 2};
+    for (BruteInput kind : {BruteInput::Gaussian, BruteInput::Interleaved, BruteInput::Integer1, BruteInput::Permuted,
+                            BruteInput::UlpApart, BruteInput::Clustered})
+        for (int k : {1, 32})
+            ASSERT_EQ(run_int8(brute_input(kind, s, 78), s, k), run_brute_reference(brute_input(kind, s, 78), s, k))
+                << brute_input_name(kind) << " k=" << k;
+    // an infinite and a NaN key entry: the rows that see them rescore every key, the
+    // others keep the fast pass (the head's key scale ignores non-finite entries)
+    vector<float> qkv = brute_input(BruteInput::Gaussian, s, 79);
+    key_of(qkv, s, 0, 0, 700)[3] = INFINITY;
+    key_of(qkv, s, 0, 1, 300)[5] = NAN;
+    cpu::TopkStats stats;
+    for (int k : {1, 8}) EXPECT_EQ(run_int8(qkv, s, k, &stats), run_brute_reference(qkv, s, k)) << "k=" << k;
+    EXPECT_LT(stats.scores_rescored, stats.scores_computed);
+}
+
+// the block's fast scores: every kernel this build and CPU have (AMX tiles, VNNI, the plain
+// loop) equals an integer dot product of the quantised values, computed here
+TEST(TopkInt8, FastScoresAreTheIntegerDotProductsOfTheQuantisedValues) {
+    for (cpu::TopkInt8Kernel kernel : cpu::topk_int8_kernels_here()) {
+        for (int HS : {1, 3, 4, 7, 32, 64, 65, 130}) {
+            const Shape s{1, 600, HS, 1};
+            const vector<float> qkv = brute_input(BruteInput::Gaussian, s, 40 + HS);
+            vector<float> keys((size_t)s.T * HS);
+            vector<double> kn((size_t)s.T, 1.0);
+            for (int j = 0; j < s.T; j++)
+                std::copy(key_of(qkv, s, 0, 0, j), key_of(qkv, s, 0, 0, j) + HS, &keys[(size_t)j * HS]);
+            const cpu::TopkInt8Pass pass(qkv.data(), 1, s.T, s.C, 1, keys.data(), kn.data(), kernel);
+            cpu::TopkInt8Pass::Rows rows(pass);
+            const double s_k = pass.key_scale[0];
+            vector<float> fast((size_t)128 * cpu::kTopkKeyTile, NAN);
+            // the first key tile from row 30 (rows under 16 and partial groups), then a
+            // second tile from row 520
+            for (auto [i_search, i1, j0, j1] : {std::array<int, 4>{30, 158, 0, 158}, std::array<int, 4>{520, 600, 512, 600}}) {
+                rows.begin(0, 0, i_search, i1);
+                rows.tile(fast.data(), cpu::kTopkKeyTile, i_search, i1, j0, j1);
+                for (int i = i_search; i < i1; i++) {
+                    const float* q = query_of(qkv, s, 0, 0, i);
+                    float largest = 0.0f;
+                    for (int d = 0; d < HS; d++) largest = std::max(largest, std::fabs(q[d]));
+                    const double s_q = cpu::topk_int8_scale(largest);
+                    for (int j = j0; j <= std::min(i, j1 - 1); j++) {
+                        long long dot = 0;
+                        for (int d = 0; d < HS; d++)
+                            dot += (long long)cpu::topk_int8_quantise(q[d], s_q) *
+                                   cpu::topk_int8_quantise(key_of(qkv, s, 0, 0, j)[d], s_k);
+                        ASSERT_EQ(fast[(size_t)(i - i_search) * cpu::kTopkKeyTile + (j - j0)], (float)dot)
+                            << cpu::topk_int8_kernel_name(kernel) << " HS " << HS << " i " << i << " j " << j;
+                    }
+                }
+            }
+        }
+        std::printf("  %s: the integer dot products\n", cpu::topk_int8_kernel_name(kernel));
+    }
+}
+
+// the bound of the header: |attention_dot(q_i, k_j) / (s_q s_k) - f_ij| <= Delta_i for
+// every causal pair, on inputs whose quantisation errors differ (wide and narrow ranges,
+// outliers); and it is not vacuous: the largest gap reaches a visible fraction of Delta
+TEST(TopkInt8, FastScoresLieWithinTheBoundOfTheExactScores) {
+    const Shape s{1, 300, 64, 1};
+    for (BruteInput kind : {BruteInput::Gaussian, BruteInput::Uniform, BruteInput::Clustered, BruteInput::Large,
+                            BruteInput::Tiny, BruteInput::Integer3}) {
+        vector<float> qkv = brute_input(kind, s, 91);
+        key_of(qkv, s, 0, 0, 150)[7] *= 40.0f;  // an outlier coarsens every key's quantisation
+        vector<float> keys((size_t)s.T * 64);
+        vector<double> kn((size_t)s.T);
+        double run = 0.0;
+        for (int j = 0; j < s.T; j++) {
+            std::copy(key_of(qkv, s, 0, 0, j), key_of(qkv, s, 0, 0, j) + 64, &keys[(size_t)j * 64]);
+            run = std::max(run, cpu::topk_norm_up(key_of(qkv, s, 0, 0, j), 64));
+            kn[j] = run;
+        }
+        const cpu::TopkInt8Pass pass(qkv.data(), 1, s.T, s.C, 1, keys.data(), kn.data());
+        cpu::TopkInt8Pass::Rows rows(pass);
+        const double s_k = pass.key_scale[0];
+        double worst = 0.0;  // the largest |gap| / Delta seen
+        for (int i0 = 0; i0 < s.T; i0 += 128) {
+            const int i1 = std::min(i0 + 128, s.T);
+            rows.begin(0, 0, i0, i1);
+            vector<float> fast((size_t)128 * cpu::kTopkKeyTile);
+            for (int j0 = 0; j0 < i1; j0 += cpu::kTopkKeyTile) {
+                const int r0 = std::max(i0, j0), j1 = std::min(j0 + cpu::kTopkKeyTile, i1);
+                rows.tile(fast.data(), cpu::kTopkKeyTile, r0, i1, j0, j1);
+                for (int i = r0; i < i1; i++) {
+                    const cpu::TopkBruteMargin m = rows.margin(i);
+                    ASSERT_TRUE(m.fast_ok) << brute_input_name(kind) << " row " << i;
+                    const float* q = query_of(qkv, s, 0, 0, i);
+                    float largest = 0.0f;
+                    for (int d = 0; d < 64; d++) largest = std::max(largest, std::fabs(q[d]));
+                    const double c = cpu::topk_int8_scale(largest) * s_k;
+                    for (int j = j0; j < std::min(i + 1, j1); j++) {
+                        const double exact = knngpt::attention_dot(q, key_of(qkv, s, 0, 0, j), 64) / c;
+                        const double gap = std::fabs(exact - fast[(size_t)(i - r0) * cpu::kTopkKeyTile + (j - j0)]);
+                        ASSERT_LE(gap, m.delta) << brute_input_name(kind) << " i " << i << " j " << j;
+                        worst = std::max(worst, gap / m.delta);
+                    }
+                }
+            }
+        }
+        std::printf("  %-10s largest gap %.3f of Delta\n", brute_input_name(kind), worst);
+        EXPECT_GT(worst, 0.01) << brute_input_name(kind);
+    }
+}
+
+TEST(TopkInt8, RescoresAFewTimesKKeysPerRowOnGaussianKeys) {
+    // the candidates are the keys within 2 Delta of the k-th best fast score: with int8
+    // quantisation Delta is ~0.05 of the scores' spread on these inputs, so a few k at most
+    const Shape s{2, 600, 128, 2};
+    for (int k : {1, 8, 32}) {
+        cpu::TopkStats stats;
+        EXPECT_EQ(run_int8(brute_input(BruteInput::Gaussian, s, 5), s, k, &stats),
+                  run_brute_reference(brute_input(BruteInput::Gaussian, s, 5), s, k));
+        const double per_row = stats.scores_rescored / ((double)s.B * s.NH * (s.T - k));
+        std::printf("  k=%d: %.2f keys rescored per row\n", k, per_row);
+        EXPECT_EQ(stats.scores_computed, (long long)brute_scores(s, k));
+        EXPECT_GE(per_row, k);
+        EXPECT_LE(per_row, 4.0 * k + 16.0);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -1173,6 +1328,10 @@ TEST(TopkDispatch, RunsTheNamedIndex) {
     EXPECT_EQ(idx, run_lsh(qkv, s, k, p));
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Cluster, p);
     EXPECT_EQ(idx, run_cluster(qkv, s, k));
+    cpu::TopkStats int8_stats;
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Int8, p, &int8_stats);
+    EXPECT_EQ(idx, run_brute(qkv, s, k));
+    EXPECT_GT(int8_stats.scores_rescored, 0);
 }
 
 TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
@@ -1181,8 +1340,8 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int k = 9;
     cpu::LshParams p;
     const vector<float> interleaved = sphere_mixture_qkv(s, 112, 8, 3.0f, 0.3f);
-    vector<int> results[2][5];
-    cpu::TopkStats stats[2][5];
+    vector<int> results[2][6];
+    cpu::TopkStats stats[2][6];
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
@@ -1191,9 +1350,10 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
         results[t][2] = run_lsh(qkv, s, k, p, &stats[t][2]);
         results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);
         results[t][4] = run_cluster(interleaved, s, k, small_cluster_params(40), &stats[t][4]);
+        results[t][5] = run_int8(interleaved, s, k, &stats[t][5]);
     }
     omp_set_num_threads(saved);
-    for (int m = 0; m < 5; m++) {
+    for (int m = 0; m < 6; m++) {
         EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
         EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
         EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;

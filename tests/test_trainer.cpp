@@ -205,6 +205,19 @@ TEST_F(Trainer, KnnWithKAtLeastTTrainsLikeExactFor20Steps) {
     }
 }
 
+// --attn-index int8 is brute force's search with another first pass: the same lists, so the
+// same training bit for bit (every printed loss equal), and it says which index it ran.
+TEST_F(Trainer, Int8IndexTrainsLikeBruteBitForBit) {
+    RunResult brute = run(base() + " -x 12 --attn knn --attn-k 4", tmp);
+    RunResult int8 = run(base() + " -x 12 --attn knn --attn-k 4 --attn-index int8", tmp);
+    ASSERT_EQ(brute.exit_code, 0) << brute.err;
+    ASSERT_EQ(int8.exit_code, 0) << int8.err;
+    const auto a = step_losses(brute.out), b = step_losses(int8.out);
+    ASSERT_EQ(a.size(), 12u);
+    EXPECT_EQ(a, b);
+    EXPECT_NE(int8.out.find("index int8"), std::string::npos) << int8.out;
+}
+
 // Every mode trains (the loss falls) and reports its settings.
 TEST_F(Trainer, EveryAttentionModeTrains) {
     const std::vector<std::pair<std::string, std::string>> modes = {

@@ -192,13 +192,16 @@ std::vector<Mode> all_modes(int k, int s) {
         mode("knn/block", AttnMode::Knn, I::Block, 0, AttnGrad::Exact),
         mode("knn/lsh", AttnMode::Knn, I::Lsh, 0, AttnGrad::Exact),
         mode("knn/cluster", AttnMode::Knn, I::Cluster, 0, AttnGrad::Exact),
+        mode("knn/int8", AttnMode::Knn, I::Int8, 0, AttnGrad::Exact),
         mode("knn-tail/block", AttnMode::KnnTail, I::Block, k, AttnGrad::Exact),
         mode("gumbel/block", AttnMode::Gumbel, I::Block, 0, AttnGrad::Sampled),
         mode("gumbel/brute", AttnMode::Gumbel, I::Brute, 0, AttnGrad::Sampled),
+        mode("gumbel/int8", AttnMode::Gumbel, I::Int8, 0, AttnGrad::Sampled),
         mode("kmv", AttnMode::Kmv, I::Brute, k, AttnGrad::Exact),
         mode("exact+sampled-grad", AttnMode::Exact, I::Brute, 0, AttnGrad::Sampled),
         mode("knn/block+sampled-grad", AttnMode::Knn, I::Block, 0, AttnGrad::Sampled),
         mode("knn/brute+sampled-grad", AttnMode::Knn, I::Brute, 0, AttnGrad::Sampled),
+        mode("knn/int8+sampled-grad", AttnMode::Knn, I::Int8, 0, AttnGrad::Sampled),
     };
     // exact, and the exact-row samples: no top-k
     for (Mode& m : modes) m.k_dependent = m.name != "exact" && m.name != "exact+sampled-grad";
@@ -564,7 +567,7 @@ void paper_gradient_experiment(int steps, int s) {
     const int sq = (int)std::lround(std::sqrt((double)N));
     std::vector<Mode> methods = {{"exact fwd + exact bwd", attn_config(AttnMode::Exact, I::Brute, 1, 0, AttnGrad::Exact, s)}};
     for (int k : {3, 8, 32, sq})
-        for (I index : {I::Brute, I::Cluster, I::Lsh})
+        for (I index : {I::Brute, I::Int8, I::Cluster, I::Lsh})
             methods.push_back({std::string("knn/") + attn_index_name(index) + " k=" + std::to_string(k) + " + exact bwd",
                                attn_config(AttnMode::Knn, index, k, 0, AttnGrad::Exact, s)});
     methods.push_back({"knn/brute k=" + std::to_string(sq) + " + sampled s=" + std::to_string(s),

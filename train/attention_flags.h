@@ -56,7 +56,8 @@ inline ops::TopkIndex parse_attn_index(const std::string& name) {
     if (name == "block") return ops::TopkIndex::Block;
     if (name == "lsh") return ops::TopkIndex::Lsh;
     if (name == "cluster") return ops::TopkIndex::Cluster;
-    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster)");
+    if (name == "int8") return ops::TopkIndex::Int8;
+    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster, int8)");
 }
 inline AttnGrad parse_attn_grad(const std::string& name) {
     if (name == "exact") return AttnGrad::Exact;

@@ -113,7 +113,8 @@ Attention
   --attn-k K       nearest keys per query for knn, knn-tail, gumbel; heavy-key budget for kmv (default 16)
   --attn-tail M    tail samples per query (knn-tail) or light samples (kmv) (default 0)
   --attn-index I   top-k search: brute (exact), block (exact, pruned by block bounds), lsh (approximate),
-                   cluster (approximate: clustered causal blocks probed up to a budget of keys)
+                   cluster (approximate: clustered causal blocks probed up to a budget of keys),
+                   int8 (exact, identical to brute: int8 first pass, AMX or AVX-512 VNNI)
                    (default brute)
   --attn-grad G    exact (the gradient of what the forward computed; default) or sampled (the
                    randomised estimators of the exact-attention gradient)

@@ -23,6 +23,9 @@
 //                        bisection; a query scores its own block exactly and the best
 //                        clusters by centroid score up to a budget of keys; with a budget
 //                        >= T equal to brute
+//   int8   topk_int8.h   exact, the same lists as brute bit for bit: brute's search with an
+//                        int8 first pass (integer dot products of quantised q and k) and a
+//                        quantisation bound instead of sgemm and its rounding bound
 // causal_topk runs the one TopkIndex names (block with blocks of 64 keys, cluster with its
 // TopkClusterParams defaults) and adds its
 // statistics to *stats (TopkStats, topk_select.h). Inputs must be finite (a NaN score has
@@ -35,6 +38,7 @@
 #include "kernels/cpu/topk_block.h"
 #include "kernels/cpu/topk_brute.h"
 #include "kernels/cpu/topk_cluster.h"
+#include "kernels/cpu/topk_int8.h"
 #include "kernels/cpu/topk_lsh.h"
 #include "kernels/cpu/topk_select.h"
 
@@ -50,6 +54,7 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
         case TopkIndex::Block: causal_topk_block(idx, qkv, B, T, C, NH, k, 64, stats); break;
         case TopkIndex::Lsh: causal_topk_lsh(idx, qkv, B, T, C, NH, k, p, stats); break;
         case TopkIndex::Cluster: causal_topk_cluster(idx, qkv, B, T, C, NH, k, TopkClusterParams(), stats); break;
+        case TopkIndex::Int8: causal_topk_int8(idx, qkv, B, T, C, NH, k, stats); break;
     }
 }
 

@@ -143,8 +143,9 @@ inline AttnCapabilities attention_capabilities() {
 
 inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
-// The block index is exact: its lists are the brute force's, bit for bit (its
-// pruning is a CPU speed-up), so here the brute-force kernel computes both.
+// The block and int8 indexes are exact: their lists are the brute force's, bit for bit
+// (their pruning and int8 first pass are CPU speed-ups), so here the brute-force kernel
+// computes all three.
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
     if (index == TopkIndex::Lsh) throw std::runtime_error("causal_topk: the lsh index has no CUDA kernel yet");
