@@ -271,11 +271,28 @@ struct TopkBruteRow {
         t = topk_brute_threshold(kth, delta);
         const int32_t t_order = topk_order_key(t + 0.0f);
         int m = 0;
+#if KNNGPT_TOPK_KEEP_AVX512
+        // 16 at a time: the kept lanes compressed to the front of a register and stored at m
+        // (m <= u: a store never reaches lanes not yet read)
+        const __m512i tv = _mm512_set1_epi32(t_order);
+        for (int u = 0; u < n_kept; u += 16) {
+            const __mmask16 valid = n_kept - u >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n_kept - u)) - 1);
+            const __m512i order = _mm512_maskz_loadu_epi32(valid, kept_order.data() + u);
+            const __m512i key = _mm512_maskz_loadu_epi32(valid, kept_key.data() + u);
+            const __mmask16 keep = _mm512_mask_cmpge_epi32_mask(valid, order, tv);
+            _mm512_mask_storeu_epi32(kept_order.data() + m, (__mmask16)((1u << __builtin_popcount(keep)) - 1),
+                                     _mm512_maskz_compress_epi32(keep, order));
+            _mm512_mask_storeu_epi32(kept_key.data() + m, (__mmask16)((1u << __builtin_popcount(keep)) - 1),
+                                     _mm512_maskz_compress_epi32(keep, key));
+            m += __builtin_popcount(keep);
+        }
+#else
         for (int u = 0; u < n_kept; u++) {
             kept_order[m] = kept_order[u];
             kept_key[m] = kept_key[u];
             m += kept_order[u] >= t_order;
         }
+#endif
         n_kept = m;
         set_cap(std::max(k + kTopkKeepExtra, 2 * n_kept));
     }
