@@ -307,26 +307,29 @@ struct TopkBruteRow {
         }
     }
 #if KNNGPT_TOPK_KEEP_AVX512
-    // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= t onto kept: 16 at a time, a mask
-    // compare and the kept lanes compressed to the front of a register stored whole (the
-    // lanes past them are overwritten by later appends), without branches
+    // the keys of f[0..g) (g <= kTopkKeepGroup) with f >= t onto kept, 16 at a time
     void append_group(const float* f, int g, int first_key) {
-        const __m512 tt = _mm512_set1_ps(t);
-        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
         for (int s = 0; s < g; s += 16) {
             const __mmask16 valid = g - s >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (g - s)) - 1);
-            const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(valid, f + s), _mm512_setzero_ps());  // -0 as +0
-            const __mmask16 keep = _mm512_mask_cmp_ps_mask(valid, v, tt, _CMP_GE_OQ);
-            // topk_order_key, lane by lane (the zero-masked shift: GCC 12 warns, wrongly, about the
-            // plain one's undefined source)
-            const __m512i bits = _mm512_castps_si512(v);
-            const __m512i order = _mm512_xor_si512(bits, _mm512_and_si512(_mm512_maskz_srai_epi32((__mmask16)0xffff, bits, 31), magnitude));
-            const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(first_key + s));
-            _mm512_storeu_si512(kept_order.data() + n_kept, _mm512_maskz_compress_epi32(keep, order));
-            _mm512_storeu_si512(kept_key.data() + n_kept, _mm512_maskz_compress_epi32(keep, key));
-            n_kept += __builtin_popcount((unsigned)keep);
+            append16(_mm512_maskz_loadu_ps(valid, f + s), valid, first_key + s);
         }
+    }
+    // the lanes of v (keys first_key + lane) in `valid` with v >= t onto kept: a mask compare
+    // and the kept lanes compressed to the front of a register stored whole (the lanes past
+    // them are overwritten by later appends), without branches; room for 16 past n_kept
+    void append16(__m512 v, __mmask16 valid, int first_key) {
+        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+        v = _mm512_add_ps(v, _mm512_setzero_ps());  // -0 as +0
+        const __mmask16 keep = _mm512_mask_cmp_ps_mask(valid, v, _mm512_set1_ps(t), _CMP_GE_OQ);
+        // topk_order_key, lane by lane (the zero-masked shift: GCC 12 warns, wrongly, about the
+        // plain one's undefined source)
+        const __m512i bits = _mm512_castps_si512(v);
+        const __m512i order = _mm512_xor_si512(bits, _mm512_and_si512(_mm512_maskz_srai_epi32((__mmask16)0xffff, bits, 31), magnitude));
+        const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(first_key));
+        _mm512_storeu_si512(kept_order.data() + n_kept, _mm512_maskz_compress_epi32(keep, order));
+        _mm512_storeu_si512(kept_key.data() + n_kept, _mm512_maskz_compress_epi32(keep, key));
+        n_kept += __builtin_popcount((unsigned)keep);
     }
 #else
     // the same without AVX-512: a vectorised count first (most groups have no key reaching
@@ -379,6 +382,16 @@ inline void topk_select_in_key_order(int* dst, const float* scores, const int* k
     }
 }
 
+// Rows r0..i1 - 1 offer their fast scores of keys j0 .. min(i + 1, j1) - 1, row i's at
+// fast + (i - r0) ld, to their states (row i's at state[i - r0]; rows whose bound does not
+// apply keep nothing).
+inline void topk_offer_tile(TopkBruteRow* state, const float* fast, int ld, int r0, int i1, int j0, int j1) {
+    for (int i = r0; i < i1; i++) {
+        TopkBruteRow& row = state[i - r0];
+        if (row.fast_ok) row.offer(fast + (size_t)(i - r0) * ld, std::min(i + 1, j1) - j0, j0);
+    }
+}
+
 // The fast search (see the header comment) with a first pass `Pass`: sgemm here
 // (TopkSgemmPass), int8 in topk_int8.h; the same lists as causal_topk_brute_reference.
 // Per query block, the fast scores come tile by tile (kTopkKeyTile keys), each tile consumed
@@ -394,6 +407,9 @@ inline void topk_select_in_key_order(int* dst, const float* scores, const int* k
 //   rows.tile(fast, ld, r0, i1, j0, j1)   fast[(i - r0) ld + (j - j0)] for r0 <= i < i1,
 //                                         j0 <= j < min(i + 1, j1) (more may be written,
 //                                         within the row's ld)
+//   rows.tile_and_offer(state, fast, ld, r0, i1, j0, j1)
+//                                         those scores offered to the rows' states (state[i - r0]):
+//                                         tile then topk_offer_tile, or fused
 // where a fast score f_ij and attention_dot(q_i, k_j) / c_i (c_i > 0 per row) lie within
 // Delta_i of each other for every causal j.
 template <class Pass, class... PassArgs>
@@ -452,12 +468,7 @@ inline void causal_topk_brute_fast(int* idx, const float* qkv, int B, int T, int
                     // key tiles [j0, j1) against the rows that see some of them, i >= j0
                     for (int j0 = 0; j0 < i1; j0 += kTopkKeyTile) {
                         const int j1 = std::min(j0 + kTopkKeyTile, i1), r0 = std::max(i_search, j0);
-                        rows.tile(fast.data(), kTopkKeyTile, r0, i1, j0, j1);
-                        for (int i = r0; i < i1; i++) {
-                            TopkBruteRow& row = state[i - i_search];
-                            if (row.fast_ok)
-                                row.offer(fast.data() + (size_t)(i - r0) * kTopkKeyTile, std::min(i + 1, j1) - j0, j0);
-                        }
+                        rows.tile_and_offer(state.data() + (r0 - i_search), fast.data(), kTopkKeyTile, r0, i1, j0, j1);
                     }
                     // the candidates: the kept keys, or every key where the bound does not apply
                     auto candidates = [&](int i, const int*& list) {
@@ -539,6 +550,10 @@ struct TopkSgemmPass {
         void tile(float* fast, int ld, int r0, int i1, int j0, int j1) const {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - r0, j1 - j0, p.HS, 1.0f,
                         q_head + (size_t)r0 * 3 * p.C, 3 * p.C, k_head + (size_t)j0 * p.HS, p.HS, 0.0f, fast, ld);
+        }
+        void tile_and_offer(TopkBruteRow* state, float* fast, int ld, int r0, int i1, int j0, int j1) const {
+            tile(fast, ld, r0, i1, j0, j1);
+            topk_offer_tile(state, fast, ld, r0, i1, j0, j1);
         }
     };
 };

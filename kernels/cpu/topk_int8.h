@@ -237,19 +237,17 @@ struct TopkInt8AmxTiles {
     TopkInt8AmxTiles(const TopkInt8AmxTiles&) = delete;
     TopkInt8AmxTiles& operator=(const TopkInt8AmxTiles&) = delete;
 
-    // topk_int8_tile's contract; q32 must hold 32 rows from every pair of row groups' first
-    // row (rows past r1 are computed and not stored)
-    void tile(float* out, size_t ld, const int32_t* q32, size_t q_ld, const int32_t* offset, const uint8_t* chunk0,
-              int G, int r0, int r1, int j0, int j1) const {
+    // Every 16 x 16 block of fast scores of rows r0..r1 - 1 against keys j0.. (j0 a multiple of
+    // 16; chunk0 = the chunk of j0), row groups in pairs and chunks in pairs as far as the
+    // pair's last row needs: consume(block, u, rows, c) gets the block's int32 sums (row m at
+    // block + 16 m, before the offsets) for rows r0 + u .. r0 + u + rows - 1 and chunk c. A
+    // row's chunks come in ascending order. q32 must hold 32 rows from every pair's first row
+    // (rows past r1 are computed and not consumed).
+    template <class Consume>
+    void blocks(const int32_t* q32, size_t q_ld, const uint8_t* chunk0, int G, int r0, int r1, int j0, int j1,
+                Consume consume) const {
         alignas(64) int32_t block[16 * 16];
         const size_t chunk_bytes = (size_t)G * 64, q_stride = q_ld * 4;
-        // a stored block minus the rows' offsets, as floats, to rows [u, u + rows) at chunk c
-        auto store = [&](int u, int rows, int c) {
-            for (int m = 0; m < rows; m++)
-                _mm512_storeu_ps(out + (u + m) * ld + c * kTopkInt8Lanes,
-                                 _mm512_maskz_cvtepi32_ps((__mmask16)0xffff, _mm512_sub_epi32(_mm512_load_si512(block + 16 * m),
-                                                                                              _mm512_set1_epi32(offset[u + m]))));
-        };
         for (int r = r0; r < r1; r += 32) {
             const int u = r - r0, rows0 = std::min(16, r1 - r), rows1 = std::min(16, r1 - r - 16);
             const int n = topk_int8_num_chunks(std::min(r + std::min(32, r1 - r), j1) - j0);
@@ -273,21 +271,49 @@ struct TopkInt8AmxTiles {
                     _tile_dpbsud(3, 5, 7);
                 }
                 _tile_stored(0, block, 64);
-                store(u, rows0, c);
+                consume(block, u, rows0, c);
                 if (c + 1 < n) {
                     _tile_stored(1, block, 64);
-                    store(u, rows0, c + 1);
+                    consume(block, u, rows0, c + 1);
                 }
                 if (rows1 > 0) {
                     _tile_stored(2, block, 64);
-                    store(u + 16, rows1, c);
+                    consume(block, u + 16, rows1, c);
                     if (c + 1 < n) {
                         _tile_stored(3, block, 64);
-                        store(u + 16, rows1, c + 1);
+                        consume(block, u + 16, rows1, c + 1);
                     }
                 }
             }
         }
+    }
+    // row m of a block minus its row's offset, as floats (exact: |f| < 2^24)
+    static __m512 block_row(const int32_t* block, int m, int32_t offset) {
+        return _mm512_maskz_cvtepi32_ps((__mmask16)0xffff,
+                                        _mm512_sub_epi32(_mm512_load_si512(block + 16 * m), _mm512_set1_epi32(offset)));
+    }
+    // topk_int8_tile's contract
+    void tile(float* out, size_t ld, const int32_t* q32, size_t q_ld, const int32_t* offset, const uint8_t* chunk0,
+              int G, int r0, int r1, int j0, int j1) const {
+        blocks(q32, q_ld, chunk0, G, r0, r1, j0, j1, [&](const int32_t* block, int u, int rows, int c) {
+            for (int m = 0; m < rows; m++)
+                _mm512_storeu_ps(out + (u + m) * ld + c * kTopkInt8Lanes, block_row(block, m, offset[u + m]));
+        });
+    }
+    // the same scores offered to the rows' states as they come (state[i - r0]; the causal keys
+    // j <= i of rows whose bound applies), without the tile of floats in between
+    void tile_and_offer(TopkBruteRow* state, const int32_t* q32, size_t q_ld, const int32_t* offset,
+                        const uint8_t* chunk0, int G, int r0, int r1, int j0, int j1) const {
+        blocks(q32, q_ld, chunk0, G, r0, r1, j0, j1, [&](const int32_t* block, int u, int rows, int c) {
+            const int first_key = j0 + c * kTopkInt8Lanes;
+            for (int m = 0; m < rows; m++) {
+                TopkBruteRow& row = state[u + m];
+                const int i = r0 + u + m, count = std::min(16, i + 1 - first_key);
+                if (!row.fast_ok || count <= 0) continue;
+                row.append16(block_row(block, m, offset[u + m]), (__mmask16)((1u << count) - 1), first_key);
+                if (row.n_kept >= row.cap) row.prune();
+            }
+        });
     }
 };
 #endif
@@ -390,6 +416,18 @@ struct TopkInt8Pass {
             }
         }
         TopkBruteMargin margin(int i) const { return margins[i - i_first]; }
+        void tile_and_offer(TopkBruteRow* state, float* fast, int ld, int r0, int i1, int j0, int j1) const {
+#if KNNGPT_TOPK_INT8_AMX
+            if (amx) {
+                const int u0 = r0 - i_first;
+                const uint8_t* chunk0 = p.panels.data() + ((size_t)bh * p.chunks + j0 / kTopkInt8Lanes) * p.G * 64;
+                return amx->tile_and_offer(state, q32.data() + (size_t)u0 * p.G, p.G, offset.data() + u0, chunk0, p.G,
+                                           r0, i1, j0, j1);
+            }
+#endif
+            tile(fast, ld, r0, i1, j0, j1);
+            topk_offer_tile(state, fast, ld, r0, i1, j0, j1);
+        }
         void tile(float* fast, int ld, int r0, int i1, int j0, int j1) const {
             const uint8_t* chunk0 = p.panels.data() + ((size_t)bh * p.chunks + j0 / kTopkInt8Lanes) * p.G * 64;
             const int u0 = r0 - i_first;
