@@ -743,8 +743,8 @@ TEST(TopkInt8, FastScoresAreTheIntegerDotProductsOfTheQuantisedValues) {
                     for (int j = j0; j <= std::min(i, j1 - 1); j++) {
                         long long dot = 0;
                         for (int d = 0; d < HS; d++)
-                            dot += (long long)cpu::topk_int8_quantise(q[d], s_q) *
-                                   cpu::topk_int8_quantise(key_of(qkv, s, 0, 0, j)[d], s_k);
+                            dot += (long long)cpu::topk_int8_quantise(q[d], 1.0 / s_q) *
+                                   (long long)cpu::topk_int8_quantise(key_of(qkv, s, 0, 0, j)[d], 1.0 / s_k);
                         ASSERT_EQ(fast[(size_t)(i - i_search) * cpu::kTopkKeyTile + (j - j0)], (float)dot)
                             << cpu::topk_int8_kernel_name(kernel) << " HS " << HS << " i " << i << " j " << j;
                     }

@@ -70,24 +70,26 @@ constexpr int kTopkInt8MaxHS = 1040;  // 127^2 HSP < 2^24: fast scores exact as 
 inline int topk_int8_hs4(int HS) { return (HS + 3) / 4 * 4; }
 inline int topk_int8_num_chunks(int n) { return (n + kTopkInt8Lanes - 1) / kTopkInt8Lanes; }
 
-// the quantised value of x at scale s (> 0), in [-127, 127]; non-finite x gives 0
-inline int topk_int8_quantise(float x, double s) {
-    if (!std::isfinite(x)) return 0;
-    const double r = std::nearbyint((double)x / s);
-    return (int)std::min(127.0, std::max(-127.0, r));
+// the quantised value of x at scale s (> 0): round(x (1 / s)) clamped to [-127, 127] (a NaN
+// gives -127: fmax returns the number; its row or key never uses the fast scores)
+inline double topk_int8_quantise(float x, double inv_s) {
+    return std::fmin(127.0, std::fmax(-127.0, std::nearbyint((double)x * inv_s)));
 }
 
 // the scale of values whose largest finite magnitude is m: m / 127, or 1 where m is 0
 inline double topk_int8_scale(double m) { return m > 0.0 ? m / 127.0 : 1.0; }
 
-// an upper bound on ||x - s x^||_2 for x^ = the quantised x (every entry finite): each
-// difference in double is within 2^-52 (|x_d| + s |x^_d|) <= 2^-52 (2 |x_d| + s) of the
-// real one, so the norm of those errors is below 2^-51 ||x|| + 2^-52 s sqrt(HS); the
-// 2^-40 terms cover them and the sum's rounding
-inline double topk_int8_error_norm_up(const float* x, double s, int HS) {
+// x[0..HS) quantised at scale s into out[0..HS); returns an upper bound on ||x - s x^||_2
+// (NaN or inf for a non-finite x): each difference in double is within
+// 2^-52 (|x_d| + s |x^_d|) <= 2^-52 (2 |x_d| + s) of the real one, so the norm of those
+// errors is below 2^-51 ||x|| + 2^-52 s sqrt(HS); the 2^-40 terms cover them and the sums'
+// rounding. One loop without branches, so that it vectorises.
+inline double topk_int8_quantise_row(int8_t* out, const float* x, int HS, double s) {
+    const double inv_s = 1.0 / s;
     double sum = 0.0, sum_x = 0.0;
     for (int d = 0; d < HS; d++) {
-        const double e = (double)x[d] - s * topk_int8_quantise(x[d], s);
+        const double r = topk_int8_quantise(x[d], inv_s), e = (double)x[d] - s * r;
+        out[d] = (int8_t)r;
         sum += e * e;
         sum_x += (double)x[d] * x[d];
     }
@@ -347,14 +349,14 @@ struct TopkInt8Pass {
             uint8_t* panel = panels.data() + (size_t)bh * chunks * G * 64;
             double* em = ekn_max.data() + (size_t)bh * T;
             double run = 0.0;
+            std::vector<int8_t> bytes((size_t)HSP, 0);  // a key's quantised dims, zeros past HS
             for (int j = 0; j < chunks * kTopkInt8Lanes; j++) {
                 const int c = j / kTopkInt8Lanes, l = j % kTopkInt8Lanes;
-                const float* key = j < T ? k_head + (size_t)j * HS : nullptr;
-                for (int d = 0; d < HSP; d++)
-                    panel[((size_t)c * G + d / 4) * 64 + 4 * l + d % 4] =
-                        (uint8_t)(128 + (key && d < HS ? topk_int8_quantise(key[d], s) : 0));
-                if (!key) continue;
-                const double e = topk_int8_error_norm_up(key, s, HS);  // NaN or inf for a non-finite key
+                double e = 0.0;  // NaN or inf for a non-finite key
+                if (j < T) e = topk_int8_quantise_row(bytes.data(), k_head + (size_t)j * HS, HS, s);
+                else std::fill(bytes.begin(), bytes.end(), 0);
+                for (int d = 0; d < HSP; d++) panel[((size_t)c * G + d / 4) * 64 + 4 * l + d % 4] = (uint8_t)(128 + bytes[d]);
+                if (j >= T) continue;
                 if (!(e <= run) && !std::isnan(run)) run = e;
                 em[j] = run;
             }
@@ -397,16 +399,15 @@ struct TopkInt8Pass {
                 }
                 const double s_q = topk_int8_scale(finite ? largest : 0.0f);
                 int8_t* bytes = reinterpret_cast<int8_t*>(q32.data() + (size_t)u * p.G);
+                const double eq_row = topk_int8_quantise_row(bytes, q, p.HS, s_q);
                 int32_t sum = 0;
-                for (int d = 0; d < p.HSP; d++) {
-                    bytes[d] = (int8_t)(d < p.HS ? topk_int8_quantise(q[d], s_q) : 0);
-                    sum += bytes[d];
-                }
+                for (int d = p.HS; d < p.HSP; d++) bytes[d] = 0;
+                for (int d = 0; d < p.HSP; d++) sum += bytes[d];
                 offset[u] = 128 * sum;
                 // Delta_i in f's units (header), or fast_ok false where brute's own bound
                 // would not apply (non-finite or overflowing ||q|| K) or a term is not finite
                 const double qn = topk_norm_up(q, p.HS), K = kn[i], E = en[i];
-                const double eq = finite ? topk_int8_error_norm_up(q, s_q, p.HS) : INFINITY;
+                const double eq = finite ? eq_row : INFINITY;
                 const double real = eq * K + (qn + eq) * E + gamma * qn * K + 0x1p-100;
                 const double delta = real / (s_q * s_k) * (1.0 + 0x1p-20);
                 TopkBruteMargin m = topk_brute_margin(qn, K, p.HS);
