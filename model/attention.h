@@ -24,6 +24,7 @@
 // forward, and the layer's backward reuses it, so both see the same samples.
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -45,6 +46,8 @@ struct AttnConfig {
     bool grad_signed_dv = false;                        // signed-start dV instead of row-wise
     int gumbel_groups = 3, gumbel_samples = 8;          // median-of-means groups x samples of gumbel
     KmvThreshold kmv_threshold = KmvThreshold::Absolute;  // kmv's heavy test (ALGORITHMS.md §7.4)
+    int kmv_levels = 1;                                 // kmv's LSH width levels (§7.4; 1 = [P2]'s one width)
+    float kmv_alpha = 1.0f / 3;                         // kmv's heavy exponent alpha (§7.4; [P2]'s 1/3)
     uint64_t seed = 0;                                  // key of every attention draw
 
     // slots per key list (0 when the mode keeps none)
@@ -99,6 +102,10 @@ enum class AttnProblem {
     TailWithoutTailMode,      // tail > 0 but the mode is neither knn-tail nor kmv
     KmvWithoutLightSamples,   // kmv with tail < 1
     KmvThresholdWithoutKmv,   // the relative kmv threshold with a mode other than kmv
+    KmvLevelsOutOfRange,      // kmv_levels outside 1..8
+    KmvLevelsWithoutKmv,      // more than one kmv width level with a mode other than kmv
+    KmvAlphaOutOfRange,       // kmv_alpha not in (0, 4]
+    KmvAlphaWithoutKmv,       // a kmv alpha other than 1/3 with a mode other than kmv
     GradSamplesBelowOne,      // grad_samples < 1
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
     LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster):
@@ -116,6 +123,10 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) return AttnProblem::TailWithoutTailMode;
     if (a.mode == AttnMode::Kmv && a.tail < 1) return AttnProblem::KmvWithoutLightSamples;
     if (a.kmv_threshold != KmvThreshold::Absolute && a.mode != AttnMode::Kmv) return AttnProblem::KmvThresholdWithoutKmv;
+    if (a.kmv_levels < 1 || a.kmv_levels > kKmvMaxWidthLevels) return AttnProblem::KmvLevelsOutOfRange;
+    if (a.kmv_levels != 1 && a.mode != AttnMode::Kmv) return AttnProblem::KmvLevelsWithoutKmv;
+    if (!(a.kmv_alpha > 0.0f && a.kmv_alpha <= 4.0f)) return AttnProblem::KmvAlphaOutOfRange;
+    if (a.kmv_alpha != 1.0f / 3 && a.mode != AttnMode::Kmv) return AttnProblem::KmvAlphaWithoutKmv;
     if (a.grad_samples < 1) return AttnProblem::GradSamplesBelowOne;
     if (a.gumbel_groups < 1 || a.gumbel_samples < 1) return AttnProblem::GumbelCountsBelowOne;
     if (a.index_is_approximate() && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
@@ -140,6 +151,10 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::TailWithoutTailMode: return "tail samples with a mode other than knn-tail or kmv";
         case AttnProblem::KmvWithoutLightSamples: return "kmv without light samples";
         case AttnProblem::KmvThresholdWithoutKmv: return "a kmv threshold with a mode other than kmv";
+        case AttnProblem::KmvLevelsOutOfRange: return "kmv width levels outside 1..8";
+        case AttnProblem::KmvLevelsWithoutKmv: return "kmv width levels with a mode other than kmv";
+        case AttnProblem::KmvAlphaOutOfRange: return "a kmv alpha outside (0, 4]";
+        case AttnProblem::KmvAlphaWithoutKmv: return "a kmv alpha with a mode other than kmv";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
         case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster)";
@@ -159,6 +174,12 @@ inline std::string attn_description(const AttnConfig& a) {
     if (a.mode == AttnMode::KnnTail) s += " tail " + std::to_string(a.tail);
     if (a.mode == AttnMode::Kmv) s += " light " + std::to_string(a.tail);
     if (a.mode == AttnMode::Kmv && a.kmv_threshold == KmvThreshold::Relative) s += " threshold relative";
+    if (a.mode == AttnMode::Kmv && a.kmv_levels != 1) s += " levels " + std::to_string(a.kmv_levels);
+    if (a.mode == AttnMode::Kmv && a.kmv_alpha != 1.0f / 3) {
+        char alpha[32];
+        std::snprintf(alpha, sizeof(alpha), " alpha %g", (double)a.kmv_alpha);
+        s += alpha;
+    }
     if (a.mode == AttnMode::Gumbel)
         s += " groups " + std::to_string(a.gumbel_groups) + " x " + std::to_string(a.gumbel_samples);
     if (a.grad == AttnGrad::Sampled) {
@@ -246,6 +267,8 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
             ops::KmvParams p;
             p.light_samples = a.tail;
             p.threshold = a.kmv_threshold;
+            p.width_levels = a.kmv_levels;
+            p.heavy_alpha = a.kmv_alpha;
             p.seed = a.seed;
             p.step = call.draw_step;
             p.layer = layer;

@@ -51,6 +51,7 @@ struct MeterSpec {
     int gumbel_groups = 3, gumbel_samples = 8;
     float kmv_alpha = 1.0f / 3;
     KmvThreshold kmv_threshold = KmvThreshold::Absolute;
+    int kmv_levels = 1;                  // kmv's LSH width levels
     uint64_t seed = 0;                   // the draws of knn-tail, gumbel and kmv
 };
 
@@ -108,7 +109,11 @@ inline void meter_attention_layer(std::vector<HeadMeter>& heads, const float* qk
             a.k = k;
             a.tail = a.mode == AttnMode::KnnTail || a.mode == AttnMode::Kmv ? spec.tail : 0;
             a.gumbel_groups = spec.gumbel_groups, a.gumbel_samples = spec.gumbel_samples;
-            a.kmv_threshold = spec.kmv_threshold;
+            if (a.mode == AttnMode::Kmv) {
+                a.kmv_threshold = spec.kmv_threshold;
+                a.kmv_levels = spec.kmv_levels;
+                a.kmv_alpha = spec.kmv_alpha;
+            }
             a.seed = spec.seed;
             const int K = a.list_size();
             std::vector<int> idx((size_t)NH * T * K), topk((size_t)NH * T * k);
@@ -138,6 +143,7 @@ inline void meter_attention_layer(std::vector<HeadMeter>& heads, const float* qk
             ops::KmvParams p;
             p.light_samples = spec.tail;
             p.heavy_alpha = spec.kmv_alpha;
+            p.width_levels = spec.kmv_levels;
             p.seed = spec.seed;
             p.step = step;
             p.layer = layer;

@@ -285,6 +285,8 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
     std::memcpy(header + 50, attn_fields, sizeof(attn_fields));
     put_u64(header, 60, a.seed);
     header[62] = (int)a.kmv_threshold;
+    header[63] = a.kmv_levels;
+    std::memcpy(header + 64, &a.kmv_alpha, sizeof(float));
     header[STATE_CHECKSUM_SLOT] = CHECKSUM_MARK;
     header[STATE_CHECKSUM_SLOT + 1] = CHECKSUM_XXH64;
     put_u64(header, STATE_CHECKSUM_SLOT + 2, s.model_checksum);
@@ -360,10 +362,13 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.gumbel_samples = header[59];
     a.seed = get_u64(header, 60);
     a.kmv_threshold = (KmvThreshold)header[62];
+    a.kmv_levels = header[63] == 0 ? 1 : header[63];  // 0 in files written before the field
+    if (header[64] != 0) std::memcpy(&a.kmv_alpha, header + 64, sizeof(float));  // else [P2]'s 1/3
     if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Int8 ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
-        header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative)
-        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..62)");
+        header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative ||
+        header[63] < 0 || header[63] > kKmvMaxWidthLevels || !(a.kmv_alpha > 0.0f && a.kmv_alpha <= 4.0f))
+        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..64)");
     return s;
 }
 

@@ -361,6 +361,7 @@ TEST_F(AttnMeterTool, EveryFlagIsInHelpAndReadme) {
     readme = readme.substr(section, readme.find("\n## ", section + 1) - section);
     for (const char* flag : {"-e", "--text", "-j", "-t", "--windows", "--k", "--modes", "--attn-tail",
                              "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-kmv-threshold", "--kmv-alpha",
+                             "--attn-kmv-levels",
                              "--attn-seed", "--c-t", "--random-init", "--init-seed", "--json", "--csv", "-h"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";

@@ -169,6 +169,11 @@ double list_sum(const int* idx_row, const float* logw_row, int K, double shift, 
     return sum;
 }
 
+// The heavy tests and width levels the invariance tests run: [P2]'s absolute threshold
+// at its one width, the relative one at one width and at four (KmvParams::width_levels).
+const std::pair<KmvThreshold, int> kThresholdsAndLevels[] = {
+    {KmvThreshold::Absolute, 1}, {KmvThreshold::Relative, 1}, {KmvThreshold::Relative, 4}};
+
 // Running mean and variance (Welford), for z-scores against a known truth.
 struct Moments {
     long long n = 0;
@@ -304,8 +309,9 @@ TEST(KmvSelectKeys, ChangingFutureTokensLeavesEarlierListsUnchanged) {
                 max_norm2_after = std::max(max_norm2_after, dot(ha.k_row(j), ha.k_row(j), s.HS()));
             }
     ASSERT_GT(max_norm2_after, max_norm2_before);
-    for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
+    for (const auto& [threshold, levels] : kThresholdsAndLevels) {
     p.threshold = threshold;
+    p.width_levels = levels;
     const Lists before = select(qkv, s, max_keys, p), after = select(changed, s, max_keys, p);
     long long later_rows_differing = 0;
     for (int b = 0; b < s.B; b++)
@@ -326,13 +332,14 @@ TEST(KmvSelectKeys, SameSeedGivesIdenticalListsOnAnyThreadCountOtherSeedStepOrLa
     const Shape s{2, 80, 32, 2};
     const int max_keys = 16;
     const std::vector<float> qkv = gaussian_qkv(s, 0.6, 4);
-    for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
+    for (const auto& [threshold, levels] : kThresholdsAndLevels) {
     KmvParams p;
     p.light_samples = 8;
     p.seed = 1234;
     p.step = 3;
     p.layer = 1;
     p.threshold = threshold;
+    p.width_levels = levels;
     const Lists a = select(qkv, s, max_keys, p), again = select(qkv, s, max_keys, p);
     EXPECT_EQ(a.idx, again.idx);
     EXPECT_EQ(a.logw, again.logw);
@@ -474,12 +481,13 @@ TEST(KmvSelectKeys, FastScoringGivesTheReferenceListsBitForBit) {
     inputs.emplace_back("near ties", near);
     long long fast_checks = 0, reference_checks = 0;
     for (const auto& [name, qkv] : inputs) {
-        for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
+        for (const auto& [threshold, levels] : kThresholdsAndLevels) {
             for (int light : {0, 5, 12}) {  // budgets 12, 7 and 0
                 for (int tables : {2, 8}) {
                     for (float alpha : {0.1f, 1.0f / 3, 1.0f}) {
                         KmvParams p;
                         p.threshold = threshold;
+                        p.width_levels = levels;
                         p.light_samples = light;
                         p.num_tables = tables;
                         p.heavy_alpha = alpha;
@@ -488,6 +496,7 @@ TEST(KmvSelectKeys, FastScoringGivesTheReferenceListsBitForBit) {
                         const Lists reference = select(qkv, s, 12, p, KmvScoring::Reference);
                         const std::string what = std::string(name) + ", " +
                                                  (threshold == KmvThreshold::Absolute ? "absolute" : "relative") +
+                                                 ", levels " + std::to_string(levels) +
                                                  ", m " + std::to_string(light) + ", tables " +
                                                  std::to_string(tables) + ", alpha " + std::to_string(alpha);
                         ASSERT_EQ(fast.idx, reference.idx) << what;
@@ -543,10 +552,11 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
     const int HS = s.HS(), max_keys = 10, seeds = 1000;
     // 4 clusters of ~10 keys: the heavy count varies across rows and often exceeds the budget of 6
     const std::vector<float> qkv = planted_qkv(s, 4, 17);
-    for (KmvThreshold threshold : {KmvThreshold::Absolute, KmvThreshold::Relative}) {
+    for (const auto& [threshold, levels] : kThresholdsAndLevels) {
     KmvParams p;
     p.light_samples = 4;
     p.threshold = threshold;
+    p.width_levels = levels;
     // per (h, i >= max_keys): Z and the HS channels of N, all relative to e^{M_i}
     const int rows = s.T - max_keys, values = 1 + HS;
     std::vector<Moments> moments((size_t)s.NH * rows * values);
@@ -564,11 +574,13 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
             }
         }
     }
-    long long heavy = 0, at_budget = 0;
+    long long heavy = 0, at_budget = 0, candidates = 0, level_sum = 0;
     for (int seed = 0; seed < seeds; seed++) {
         p.seed = 50000 + seed;
         const Lists l = select(qkv, s, max_keys, p);
         heavy += l.stats.heavy;
+        candidates += l.stats.candidates;
+        level_sum += l.stats.level_sum;
         for (int h = 0; h < s.NH; h++) {
             const HeadView hv = head_view(qkv, s, 0, h);
             const HeadKernel kern(hv, s.T);
@@ -595,10 +607,13 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
         EXPECT_LE(std::fabs(z), 5.0) << "estimate " << e % values << " of row " << e / values;
     }
     const double per_row = (double)seeds * s.NH * rows;
-    std::printf("  %s threshold: %zu estimates (Z and N per row) over %d seeds: max |z| = %.2f; %.2f heavy keys "
-                "per row, %.0f%% of rows at the heavy budget\n",
-                threshold == KmvThreshold::Relative ? "relative" : "absolute", moments.size(), seeds, max_z,
-                heavy / per_row, 100.0 * at_budget / per_row);
+    std::printf("  %s threshold, %d width level%s: %zu estimates (Z and N per row) over %d seeds: max |z| = %.2f; "
+                "%.2f heavy keys per row, %.0f%% of rows at the heavy budget, %.1f candidates per row, mean level "
+                "%.2f\n",
+                threshold == KmvThreshold::Relative ? "relative" : "absolute", levels, levels > 1 ? "s" : "",
+                moments.size(), seeds, max_z, heavy / per_row, 100.0 * at_budget / per_row, candidates / per_row,
+                level_sum / per_row);
+    if (levels > 1) EXPECT_GT(level_sum, 0) << "some rows read a wider level";
     }
 }
 
@@ -690,17 +705,31 @@ TEST(KmvSelectKeys, RelativeThresholdOnPlantedStructureFindsTheBruteForceRelativ
     EXPECT_GE(matching, (long long)(0.95 * rows));
 }
 
-// Large query and key norms (as in a trained model): the factor
-// exp(-(|q_i|^2 + R_i^2) / (2 sqrt(D))) puts every absolute kernel value below n^-alpha,
-// so the absolute threshold finds no heavy key; the relative one keeps, in every row
-// with a candidate, the candidates within alpha log n_i of the row's largest.
-TEST(KmvSelectKeys, RelativeThresholdKeepsHeavyKeysWhereLargeNormsLeaveTheAbsoluteOneNone) {
+namespace {
+
+// Large query and key norms (entries of stddev 1.5, as in a trained model), the fixture
+// of the relative-threshold and width-level tests.
+class KmvLargeNorms : public ::testing::Test {
+protected:
     const Shape s{2, 96, 32, 2};
     const int max_keys = 16;
     const std::vector<float> qkv = gaussian_qkv(s, 1.5, 12);
-    KmvParams p;
-    p.light_samples = 8;
-    p.seed = 3;
+    KmvParams params() const {
+        KmvParams p;
+        p.light_samples = 8;
+        p.seed = 3;
+        return p;
+    }
+};
+
+}  // namespace
+
+// Large norms: the factor exp(-(|q_i|^2 + R_i^2) / (2 sqrt(D))) puts every absolute
+// kernel value below n^-alpha, so the absolute threshold finds no heavy key; the
+// relative one keeps, in every row with a candidate, the candidates within
+// alpha log n_i of the row's largest.
+TEST_F(KmvLargeNorms, RelativeThresholdKeepsHeavyKeysWhereTheAbsoluteOneFindsNone) {
+    KmvParams p = params();
     for (int b = 0; b < s.B; b++)
         for (int h = 0; h < s.NH; h++) {
             const HeadView hv = head_view(qkv, s, b, h);
@@ -737,6 +766,103 @@ TEST(KmvSelectKeys, RelativeThresholdKeepsHeavyKeysWhereLargeNormsLeaveTheAbsolu
     std::printf("  stddev 1.5: absolute threshold %lld heavy keys, relative %lld (in %lld of %lld rows), "
                 "%.1f candidates per row\n", absolute.stats.heavy, relative.stats.heavy, rows_with_heavy,
                 relative.stats.rows, (double)relative.stats.candidates / relative.stats.rows);
+}
+
+// Width levels: each row reads the narrowest level whose candidates number at least
+// min_candidates, else the widest; a level's candidates are those of a one-level family
+// of width w 2^l and offsets b_f 2^l (the same directions).
+TEST(KmvLshCandidates, EachRowReadsTheNarrowestLevelWithEnoughCandidates) {
+    const Shape s{1, 120, 16, 1};
+    const int HS = s.HS(), levels = 5, min_candidates = 6;
+    for (double stddev : {0.6, 1.5}) {
+        const std::vector<float> qkv = gaussian_qkv(s, stddev, 41);
+        const HeadView hv = head_view(qkv, s, 0, 0);
+        std::vector<double> key_norm2(s.T), radius2(s.T);
+        double r2 = 0.0;
+        for (int j = 0; j < s.T; j++) {
+            key_norm2[j] = dot(hv.k_row(j), hv.k_row(j), HS);
+            radius2[j] = r2 = std::max(r2, key_norm2[j]);
+        }
+        KmvParams p;
+        p.width_levels = levels;
+        p.seed = 5;
+        const KmvHashFamily family = kmv_draw_hash_family(knngpt::DrawSite{5, 0, 0, 0}, HS, s.T, p);
+        // each level alone: its candidate set per row, sorted
+        std::vector<std::vector<std::vector<int>>> alone(levels, std::vector<std::vector<int>>(s.T));
+        for (int level = 0; level < levels; level++) {
+            KmvHashFamily one = family;
+            one.levels = 1;
+            one.width = family.level_width(level);
+            one.offset.assign(family.level_offset(level), family.level_offset(level) + p.num_tables * p.num_bits);
+            kmv_lsh_candidates(hv.q, hv.k, hv.stride, s.T, HS, key_norm2.data(), radius2.data(), one, 0, 0,
+                               [&](int i, const int* cand, int n, int level_read) {
+                                   ASSERT_EQ(level_read, 0);
+                                   alone[level][i].assign(cand, cand + n);
+                                   std::sort(alone[level][i].begin(), alone[level][i].end());
+                               });
+        }
+        std::vector<int> rows_at(levels, 0);
+        kmv_lsh_candidates(hv.q, hv.k, hv.stride, s.T, HS, key_norm2.data(), radius2.data(), family, 0, min_candidates,
+                           [&](int i, const int* cand, int n, int level) {
+                               std::vector<int> got(cand, cand + n);
+                               std::sort(got.begin(), got.end());
+                               ASSERT_TRUE(std::adjacent_find(got.begin(), got.end()) == got.end()) << "row " << i;
+                               ASSERT_EQ(got, alone[level][i]) << "row " << i << " level " << level;
+                               for (int below = 0; below < level; below++)
+                                   ASSERT_LT((int)alone[below][i].size(), min_candidates) << "row " << i;
+                               if (level + 1 < levels) {
+                                   ASSERT_GE(n, min_candidates) << "row " << i;
+                               }
+                               for (int j : got) ASSERT_LE(j, i);
+                               rows_at[level]++;
+                           });
+        std::printf("  stddev %.1f: rows reading levels 0..%d:", stddev, levels - 1);
+        for (int n : rows_at) std::printf(" %d", n);
+        std::printf("\n");
+        EXPECT_GT(rows_at[0], 0);
+        EXPECT_GT(s.T - rows_at[0], 0) << "some rows go past level 0";
+    }
+}
+
+// Large norms (a trained model's regime): at [P2]'s one width the LSH proposes under
+// one key a row, so the relative threshold's heavy slots miss most of the brute-force
+// relative heavy set; with the widths doubling up to 8 w each row reads a level with
+// twice the budget in candidates, and the heavy slots hold over ten times as much of it
+// (not all: the distances of unstructured Gaussian data are too alike for the LSH to
+// single out the nearest keys, so it proposes over half of each prefix).
+TEST_F(KmvLargeNorms, WidthLevelsRecoverTheRelativeHeavySetThatOneWidthStarves) {
+    KmvParams p = params();
+    p.threshold = KmvThreshold::Relative;
+    double recall[2] = {0, 0};
+    const int level_counts[2] = {1, 4};
+    for (int run = 0; run < 2; run++) {
+        p.width_levels = level_counts[run];
+        const Lists l = select(qkv, s, max_keys, p);
+        long long want_total = 0, found = 0;
+        for (int b = 0; b < s.B; b++)
+            for (int h = 0; h < s.NH; h++) {
+                const HeadView hv = head_view(qkv, s, b, h);
+                const HeadKernel kern(hv, s.T);
+                for (int i = max_keys; i < s.T; i++) {
+                    const double cut = kern.max_score(hv, i) - p.heavy_alpha * std::log((double)(i + 1));
+                    const int* idx = l.idx_row(s, b, h, i);
+                    const float* logw = l.logw_row(s, b, h, i);
+                    for (int j = 0; j <= i; j++) {
+                        if (kern.score(hv, i, j) < cut) continue;
+                        want_total++;
+                        for (int t = 0; t < max_keys && idx[t] >= 0 && logw[t] == 0.0f; t++) found += idx[t] == j;
+                    }
+                }
+            }
+        recall[run] = (double)found / want_total;
+        std::printf("  stddev 1.5, %d width level%s: %.2f candidates per row, the heavy slots hold %.3f of the "
+                    "brute-force relative heavy set (%lld keys)\n",
+                    p.width_levels, p.width_levels > 1 ? "s" : "", (double)l.stats.candidates / l.stats.rows,
+                    recall[run], want_total);
+    }
+    EXPECT_LT(recall[0], 0.1);
+    EXPECT_GT(recall[1], 0.6);
+    EXPECT_GT(recall[1], 10 * recall[0]);
 }
 
 TEST(KmvSelectKeys, PlantedStructureKernelProductErrorWithinEpsilonInTwoThirdsOfSeeds) {

@@ -214,6 +214,18 @@ TEST(Checkpoint, StateFileRoundTripIsExact) {
     EXPECT_EQ(back.m, s.m);
     EXPECT_EQ(back.v, s.v);
     EXPECT_THROW(read_state_file(dir.file("s.bin"), 4), std::runtime_error);  // parameter count mismatch
+    EXPECT_EQ(back.attn.kmv_levels, 1);
+    EXPECT_EQ(back.attn.kmv_alpha, 1.0f / 3);
+    // kmv's settings travel with the state (a resume checks them); files from before the
+    // width levels and alpha fields hold 0 there, which reads as the defaults
+    s.attn.mode = AttnMode::Kmv, s.attn.tail = 4, s.attn.kmv_threshold = KmvThreshold::Relative;
+    s.attn.kmv_levels = 4, s.attn.kmv_alpha = 0.75f;
+    write_state_file(dir.file("kmv.bin"), s);
+    back = read_state_file(dir.file("kmv.bin"), 3);
+    EXPECT_EQ(back.attn.kmv_threshold, KmvThreshold::Relative);
+    EXPECT_EQ(back.attn.kmv_levels, 4);
+    EXPECT_EQ(back.attn.kmv_alpha, 0.75f);
+    EXPECT_EQ(attn_description(back.attn), attn_description(s.attn));
 }
 
 TEST(Checkpoint, RandomInitFollowsGpt2Scheme) {

@@ -31,6 +31,7 @@ settings=(
   "knn-tail k=8 m=8|--attn knn-tail --attn-k 8 --attn-tail 8"
   "gumbel k=8 (sampled grads)|--attn gumbel --attn-k 8 --attn-grad sampled"
   "kmv k=8 m=8|--attn kmv --attn-k 8 --attn-tail 8"
+  "kmv k=8 m=8, relative, 4 levels, alpha 1|--attn kmv --attn-k 8 --attn-tail 8 --attn-kmv-threshold relative --attn-kmv-levels 4 --attn-kmv-alpha 1"
   "exact, sampled grads s=16|--attn exact --attn-grad sampled --attn-grad-samples 16"
   "knn k=16, sampled grads s=16|--attn knn --attn-k 16 --attn-grad sampled --attn-grad-samples 16"
 )

@@ -57,6 +57,7 @@ over the mass inside them, causal) for several T, on the model and on a random i
   --attn-kmv-threshold absolute|relative
                        kmv's heavy test in its forward (default absolute)
   --kmv-alpha A        kmv's heavy threshold exponent (default 0.3333)
+  --attn-kmv-levels N  kmv's LSH bucket widths w .. 2^(N-1) w, as the trainer's flag (default 1)
   --attn-seed S        key of the sampled modes' draws (default 0)
   --c-t LIST           the T values of the c meter (default 64, 128, 256, ... below the
                        model's max T, and max T)
@@ -130,6 +131,7 @@ Options parse_args(int argc, char** argv) {
                 if (t != "absolute" && t != "relative") die("--attn-kmv-threshold takes absolute or relative");
                 o.spec.kmv_threshold = t == "absolute" ? KmvThreshold::Absolute : KmvThreshold::Relative;
             } else if (flag == "--kmv-alpha") o.spec.kmv_alpha = parse_flag_float(flag, v);
+            else if (flag == "--attn-kmv-levels") o.spec.kmv_levels = (int)parse_flag_long(flag, v);
             else if (flag == "--attn-seed") o.spec.seed = (uint64_t)parse_flag_long(flag, v);
             else if (flag == "--c-t") o.c_ts = int_list(flag, v);
             else if (flag == "--random-init") {
@@ -149,7 +151,8 @@ Options parse_args(int argc, char** argv) {
     if (o.windows < 1) die("--windows must be >= 1");
     if (o.spec.tail < 1) die("--attn-tail must be >= 1");
     if (o.spec.gumbel_groups < 1 || o.spec.gumbel_samples < 1) die("--attn-gumbel-groups and -samples must be >= 1");
-    if (!(o.spec.kmv_alpha > 0)) die("--kmv-alpha must be > 0");
+    if (!(o.spec.kmv_alpha > 0 && o.spec.kmv_alpha <= 4)) die("--kmv-alpha must be in (0, 4]");
+    if (o.spec.kmv_levels < 1 || o.spec.kmv_levels > kKmvMaxWidthLevels) die("--attn-kmv-levels must be in 1..8");
     if (!modes.empty()) {
         o.spec.modes = {AttnMode::Knn};
         for (const std::string& name : split_list(modes)) {
@@ -279,7 +282,7 @@ int main(int argc, char** argv) {
                      {"modes", mode_names},
                      {"tail", o.spec.tail},
                      {"gumbel", {{"groups", o.spec.gumbel_groups}, {"samples", o.spec.gumbel_samples}}},
-                     {"kmv", {{"alpha", o.spec.kmv_alpha},
+                     {"kmv", {{"alpha", o.spec.kmv_alpha}, {"levels", o.spec.kmv_levels},
                               {"threshold", o.spec.kmv_threshold == KmvThreshold::Absolute ? "absolute" : "relative"}}},
                      {"attn_seed", o.spec.seed},
                      {"c_T", o.c_ts},

@@ -138,7 +138,8 @@ std::string setting_label(const std::vector<std::string>& args) {
         {"--attn-k", "k"},         {"--attn-tail", "m"},           {"--attn-index", "index"},
         {"--attn-grad", "grad"},   {"--attn-grad-samples", "s"},   {"--attn-grad-source", "source"},
         {"--attn-grad-dv", "dv"},  {"--attn-gumbel-groups", "groups"}, {"--attn-gumbel-samples", "samples"},
-        {"--attn-kmv-threshold", "threshold"}, {"--attn-seed", "attn-seed"}, {"--attn-warmup", "warmup"}};
+        {"--attn-kmv-threshold", "threshold"}, {"--attn-kmv-levels", "levels"}, {"--attn-kmv-alpha", "alpha"},
+        {"--attn-seed", "attn-seed"}, {"--attn-warmup", "warmup"}};
     std::string mode = "exact", rest;
     for (size_t i = 0; i + 1 < args.size(); i += 2) {
         if (args[i] == "--attn") { mode = args[i + 1]; continue; }

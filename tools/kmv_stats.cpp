@@ -16,8 +16,9 @@
 // kernel matrix per head, averaged over the batch rows.
 //
 //   build/kmv_stats -e MODEL_FILE -j VAL_TOKENS [-b 12] [-t 64] [-m BATCHES] [--attn-k 8] [--attn-tail 8]
-//                   [--alpha 0.3333] [--attn-seed 0]
-// -m: validation batches (default 10; -1 = all).
+//                   [--alpha 0.3333] [--attn-seed 0] [--attn-kmv-levels 1]
+// -m: validation batches (default 10; -1 = all). --attn-kmv-levels: the LSH width
+// levels of kmv's lists (KmvParams::width_levels, the trainer's flag of that name).
 #include <omp.h>
 
 #include <cmath>
@@ -60,7 +61,7 @@ struct Tally {
 
 int main(int argc, char** argv) {
     std::string model_path, val_path;
-    int B = 12, T = 64, max_batches = 10, k = 8, m = 8;
+    int B = 12, T = 64, max_batches = 10, k = 8, m = 8, levels = 1;
     double alpha = 1.0 / 3;
     uint64_t attn_seed = 0;
     for (int a = 1; a < argc; a++) {
@@ -82,10 +83,12 @@ int main(int argc, char** argv) {
         else if (flag == "--attn-tail") m = (int)number();
         else if (flag == "--alpha") alpha = number();
         else if (flag == "--attn-seed") attn_seed = (uint64_t)number();
+        else if (flag == "--attn-kmv-levels") levels = (int)number();
         else usage_error("unknown flag " + flag);
     }
     if (model_path.empty() || val_path.empty()) usage_error("usage: kmv_stats -e MODEL_FILE -j VAL_TOKENS [options]");
     if (B < 1 || T < 1 || k < 1 || m < 1 || !(alpha > 0)) usage_error("need -b, -t, --attn-k, --attn-tail >= 1, --alpha > 0");
+    if (levels < 1 || levels > kKmvMaxWidthLevels) usage_error("--attn-kmv-levels must be in 1..8");
     try {
         const ModelFile file = read_model_file(model_path);
         const GPTConfig& cfg = file.config;
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
                 p.light_samples = m;
                 p.heavy_alpha = (float)alpha;
                 p.seed = attn_seed;
+                p.width_levels = levels;
                 p.step = (uint32_t)batch;
                 p.layer = l;
                 std::fill(layer_tally.begin(), layer_tally.end(), ops::KmvHeavyTally{});
@@ -120,8 +124,9 @@ int main(int argc, char** argv) {
                 }
             }
         }
-        std::printf("kmv_stats: %s, %d validation batches of %d x %d, k %d, m %d, alpha %.4f; rows with n_i > %d\n",
-                    model_path.c_str(), batches, B, T, k, m, alpha, K);
+        std::printf("kmv_stats: %s, %d validation batches of %d x %d, k %d, m %d, alpha %.4f, %d width level%s; "
+                    "rows with n_i > %d\n",
+                    model_path.c_str(), batches, B, T, k, m, alpha, levels, levels > 1 ? "s" : "", K);
         std::printf("         |  absolute (all keys)    |  relative (all keys)    |  kmv lists, absolute |  kmv lists, relative |\n");
         std::printf("head     | heavy  none   mass      | heavy  none   mass      | heavy  mass  cand.   | heavy  mass  cand.   | c^ kernel\n");
         Tally all;

@@ -27,6 +27,8 @@ struct AttnFlags {
     int gumbel_groups = 3;               // --attn-gumbel-groups
     int gumbel_samples = 8;              // --attn-gumbel-samples
     std::string kmv_threshold = "absolute";  // --attn-kmv-threshold
+    int kmv_levels = 1;                  // --attn-kmv-levels
+    float kmv_alpha = 1.0f / 3;          // --attn-kmv-alpha
     uint64_t seed = 0;                   // --attn-seed
     std::string eval;                    // --attn-eval
     int warmup = 0;                      // --attn-warmup: exact attention for the first steps
@@ -100,6 +102,17 @@ inline void check_attn_config(const AttnConfig& a) {
         case AttnProblem::KmvThresholdWithoutKmv:
             throw std::runtime_error(std::string("--attn-kmv-threshold relative needs --attn kmv (the mode is ") +
                                      attn_mode_name(a.mode) + ")");
+        case AttnProblem::KmvLevelsOutOfRange:
+            throw std::runtime_error("--attn-kmv-levels must be in 1.." + std::to_string(kKmvMaxWidthLevels) +
+                                     ", got " + std::to_string(a.kmv_levels));
+        case AttnProblem::KmvLevelsWithoutKmv:
+            throw std::runtime_error(std::string("--attn-kmv-levels needs --attn kmv (the mode is ") +
+                                     attn_mode_name(a.mode) + ")");
+        case AttnProblem::KmvAlphaOutOfRange:
+            throw std::runtime_error("--attn-kmv-alpha must be in (0, 4], got " + std::to_string(a.kmv_alpha));
+        case AttnProblem::KmvAlphaWithoutKmv:
+            throw std::runtime_error(std::string("--attn-kmv-alpha needs --attn kmv (the mode is ") +
+                                     attn_mode_name(a.mode) + ")");
         case AttnProblem::GradSamplesBelowOne:
             throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
         case AttnProblem::GumbelCountsBelowOne:
@@ -134,6 +147,8 @@ inline AttnConfig attn_config_from_flags(const AttnFlags& f) {
     a.gumbel_groups = f.gumbel_groups;
     a.gumbel_samples = f.gumbel_samples;
     a.kmv_threshold = parse_attn_kmv_threshold(f.kmv_threshold);
+    a.kmv_levels = f.kmv_levels;
+    a.kmv_alpha = f.kmv_alpha;
     a.seed = f.seed;
     check_attn_config(a);
     return a;
@@ -155,7 +170,7 @@ inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std
         size_t colon = spec.find(':');
         a.mode = parse_attn_mode(spec.substr(0, colon));
         if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
-        if (a.mode != AttnMode::Kmv) a.kmv_threshold = KmvThreshold::Absolute;
+        if (a.mode != AttnMode::Kmv) a.kmv_threshold = KmvThreshold::Absolute, a.kmv_levels = 1, a.kmv_alpha = 1.0f / 3;
         if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
         while (colon != std::string::npos) {
             size_t next = spec.find(':', colon + 1);

@@ -126,6 +126,10 @@ Attention
   --attn-gumbel-samples N samples per group for gumbel (default 8)
   --attn-kmv-threshold TH which keys kmv counts as heavy: absolute (K_ij >= n^-alpha, the paper's; default)
                    or relative (K_ij >= n^-alpha times the largest kernel value among the row's candidates)
+  --attn-kmv-levels N     kmv's LSH bucket widths w, 2w, ..., 2^(N-1) w; each row reads the narrowest with at least
+                   2k candidates (1..8; default 1: the paper's one width w)
+  --attn-kmv-alpha A      kmv's heavy exponent: heavy iff K_ij >= n^-A (times the row's largest candidate's
+                   with the relative threshold); also sets the width w (0 < A <= 4; default 0.3333, the paper's)
   --attn-seed N    seed of every attention random draw (Philox; default 0)
   --attn-warmup N  exact attention (forward and gradient) for the first N steps, then the --attn
                    settings (default 0); validation always runs the --attn settings
@@ -319,7 +323,8 @@ static Options parse_args(int argc, char** argv) {
         {"--attn-grad-source", text(&o.attn.grad_source)}, {"--attn-grad-dv", text(&o.attn.grad_dv)},
         {"--attn-gumbel-groups", integer(&o.attn.gumbel_groups)},
         {"--attn-gumbel-samples", integer(&o.attn.gumbel_samples)},
-        {"--attn-kmv-threshold", text(&o.attn.kmv_threshold)},
+        {"--attn-kmv-threshold", text(&o.attn.kmv_threshold)}, {"--attn-kmv-levels", integer(&o.attn.kmv_levels)},
+        {"--attn-kmv-alpha", real(&o.attn.kmv_alpha)},
         {"--attn-seed", [&o](const std::string& f, const char* v) { o.attn.seed = (uint64_t)parse_long(f, v); }},
         {"--attn-eval", text(&o.attn.eval)}, {"--attn-warmup", integer(&o.attn.warmup)},
         {"-z", integer(&o.zero_stage)}, {"-pi", text(&o.comm.init_method)}, {"-pn", integer(&o.comm.num_processes)},

@@ -32,12 +32,17 @@ struct LshParams {
 // kernel value among the row's LSH candidates.
 enum class KmvThreshold { Absolute, Relative };
 
+constexpr int kKmvMaxWidthLevels = 8;  // KmvParams::width_levels: widths up to 128 w
+
 struct KmvParams {
     int num_tables = 8;      // LSH tables (L)
     int num_bits = 6;        // hash functions concatenated per table
     int light_samples = 16;  // m, light samples per estimated row
     float heavy_alpha = 1.0f / 3;  // heavy threshold: K_ij >= n_i^-alpha (times the row's largest, Relative)
     KmvThreshold threshold = KmvThreshold::Absolute;
+    // LSH bucket widths w, 2w, ..., 2^(width_levels - 1) w (ours, not [P2]'s, §7.4): each
+    // row reads the narrowest level whose candidates fill the heavy budget; 1 = w only
+    int width_levels = 1;
     uint64_t seed = 1;
     uint32_t step = 0;
     int layer = 0;

@@ -49,6 +49,17 @@
 // (below) says how an fp32 first pass spares most of them the double dot
 // without changing a list.
 //
+// Width levels (p.width_levels = W > 1; ours, not [P2]'s): the tables are also built
+// at widths w 2^l, l < W, with offsets b_f 2^l (the same a_f and uniform draws, so
+// level 0 is the family above), and row i takes its candidates from the narrowest
+// level where they number at least max(kKmvLevelFill (K - m), 1), twice the heavy
+// budget, else from the widest. With large norms the row's nearest keys lie beyond w
+// (tuned to K = T^-alpha, which no entry reaches once the row factor is small) and
+// level 0 proposes about one key a row; the relative threshold needs the row's
+// largest entries among its candidates. The level is chosen from the row's own
+// buckets (keys j <= i), so the lists stay causal and a function of the hash draws
+// and the data (the light part unbiased).
+//
 // ApproxLight: uniform sampling without replacement over the light keys
 // L_i = {0..i} \ H_i (the "uniform, weight |L_i| / m" option). [P2] samples
 // j with probability K_ij / D_i, which needs a KDE structure for the row mass
@@ -77,7 +88,8 @@
 // of local row b. Head h of batch row b: hash functions at query 0's site
 // {seed, step, layer * NH + h, g * T}, purpose DRAW_HASH, draw
 // index f * (D + 2) + c: c < D + 1 gives coordinate c of a_f (Box-Muller from the
-// four words, cosine branch), c = D + 1 gives b_f = w u (words 0, 1). Query i:
+// four words, cosine branch), c = D + 1 gives b_f = w u (words 0, 1; level l's offset
+// is b_f 2^l, no further draw). Query i:
 // site {seed, step, layer * NH + h, g * T + i}, purpose DRAW_LIGHT_SAMPLE,
 // draw index t = 0..m-1, word 0: Floyd's algorithm — top = |L_i| - m + t,
 // u = uniform_below(word, top + 1), add u, or top if u is already chosen —
@@ -140,6 +152,7 @@ struct KmvStats {
     long long candidates = 0;     // distinct causal LSH candidates, each checked against the threshold
     long long exact_checks = 0;   // of them, those whose log K_ij was taken in double (KmvScoring)
     long long table_builds = 0;   // (re)builds of the hash tables, over the heads (one per growth of R_i)
+    long long level_sum = 0;      // the width levels the rows read, summed (0 with one level)
 };
 
 // ĉ of assumption A on the kernel matrix (§7.3), on the same with each row's causal
@@ -183,13 +196,19 @@ inline double kmv_bucket_width(int HS, int T, const KmvParams& p) {
     return 0.5 * (lo + hi) * heavy_radius;
 }
 
-// The num_tables * num_bits hash functions of one head, on padded vectors in R^{HS+1}.
+// The num_tables * num_bits hash functions of one head, on padded vectors in R^{HS+1},
+// at `levels` bucket widths: level l has width w 2^l and offsets b_f 2^l (the same
+// directions and uniform draws; scaling by 2^l is exact), so level 0 is [P2]'s family.
 struct KmvHashFamily {
     int dim = 0;  // HS + 1
-    int num_tables = 0, num_bits = 0;
-    double width = 0.0;
+    int num_tables = 0, num_bits = 0, levels = 1;
+    double width = 0.0;             // w, level 0's width
     std::vector<double> direction;  // (num_tables * num_bits, dim), a_f
-    std::vector<double> offset;     // (num_tables * num_bits), b_f in [0, width)
+    std::vector<double> offset;     // (levels, num_tables * num_bits), b_f 2^l in [0, w 2^l)
+    double level_width(int level) const { return std::ldexp(width, level); }
+    const double* level_offset(int level) const {
+        return offset.data() + (size_t)level * num_tables * num_bits;
+    }
 };
 
 inline KmvHashFamily kmv_draw_hash_family(const DrawSite& site, int HS, int T, const KmvParams& p) {
@@ -197,10 +216,11 @@ inline KmvHashFamily kmv_draw_hash_family(const DrawSite& site, int HS, int T, c
     family.dim = HS + 1;
     family.num_tables = p.num_tables;
     family.num_bits = p.num_bits;
+    family.levels = p.width_levels;
     family.width = kmv_bucket_width(HS, T, p);
     const int num_functions = p.num_tables * p.num_bits;
     family.direction.resize((size_t)num_functions * family.dim);
-    family.offset.resize(num_functions);
+    family.offset.resize((size_t)family.levels * num_functions);
     const double two_pi = 6.28318530717958647692;
     for (int f = 0; f < num_functions; f++) {
         const uint32_t base = (uint32_t)f * (uint32_t)(family.dim + 1);
@@ -211,6 +231,8 @@ inline KmvHashFamily kmv_draw_hash_family(const DrawSite& site, int HS, int T, c
         }
         const Philox4 d = philox_draw(site, DRAW_HASH, base + (uint32_t)family.dim);
         family.offset[f] = family.width * uniform_open01_f64(d.x[0], d.x[1]);
+        for (int level = 1; level < family.levels; level++)
+            family.offset[(size_t)level * num_functions + f] = std::ldexp(family.offset[f], level);
     }
     return family;
 }
@@ -287,8 +309,10 @@ struct KmvBucketIndex {
 // FindHeavy's candidate stage for one head. q and k point at row 0 of the
 // head's query and key channels, rows `stride` floats apart. key_norm2[j] =
 // |k_j|^2 and prefix_radius2[i] = R_i^2. For each query i in [first_row, T)
-// calls visit(i, candidates, count): the distinct keys j <= i that share a bucket with
-// q'_i in some table (in table order, then ascending j). The tables are built
+// calls visit(i, candidates, count, level): the distinct keys j <= i that share a
+// bucket with q'_i in some table of one width level (in table order, then ascending
+// j): the narrowest level with at least min_candidates of them, else the widest
+// (with one level, level 0's candidates whatever their count). The tables are built
 // once per segment of rows with the same R_i (once per (b, h) unless the prefix
 // maximum of |k_j| grows), over the keys up to the segment's end, padded with
 // that R; query i reads only the keys j <= i of its buckets. Returns the number
@@ -296,9 +320,10 @@ struct KmvBucketIndex {
 template <class Visit>
 inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T, int HS, const double* key_norm2,
                               const double* prefix_radius2, const KmvHashFamily& family, int first_row,
-                              Visit&& visit) {
+                              int min_candidates, Visit&& visit) {
     if (first_row >= T) return 0;
     const int L = family.num_tables, nb = family.num_bits, F = L * nb, dim = family.dim;
+    const int levels = family.levels, LL = levels * L;  // tables over all levels, level-major
     // a_f[:HS] . x for every key and every queried row; the sum over c runs in
     // ascending c for each f, written with f innermost so that it vectorises
     std::vector<double> direction_t((size_t)HS * F);  // (HS, F)
@@ -318,9 +343,10 @@ inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T,
         if (j >= first_row) project(query_proj.data() + (size_t)j * F, q + (size_t)j * stride);
     }
     std::vector<double> padded(F);
-    std::vector<KmvBucketIndex> tables(L);
-    std::vector<uint64_t> key_ids((size_t)L * T);  // (L, T)
-    std::vector<int> seen_by(T, -1);  // seen_by[j] = the last query that listed j
+    std::vector<KmvBucketIndex> tables(LL);
+    std::vector<uint64_t> key_ids((size_t)LL * T);  // (levels * L, T)
+    std::vector<int64_t> seen_by(T, -1);  // seen_by[j] = the last (query, level) pass that listed j
+    int64_t pass = 0;
     std::vector<int> candidates(T + 1);
     int builds = 0;
     for (int segment = first_row; segment < T;) {
@@ -332,27 +358,35 @@ inline int kmv_lsh_candidates(const float* q, const float* k, int stride, int T,
             const double pad = std::sqrt(std::max(radius2 - key_norm2[j], 0.0));
             for (int f = 0; f < F; f++)
                 padded[f] = key_proj[(size_t)j * F + f] + family.direction[(size_t)f * dim + HS] * pad;
-            for (int t = 0; t < L; t++)
-                key_ids[(size_t)t * T + j] = kmv_bucket_id(padded.data() + (size_t)t * nb,
-                                                           family.offset.data() + (size_t)t * nb, nb, family.width);
+            for (int level = 0; level < levels; level++)
+                for (int t = 0; t < L; t++)
+                    key_ids[(size_t)(level * L + t) * T + j] =
+                        kmv_bucket_id(padded.data() + (size_t)t * nb, family.level_offset(level) + (size_t)t * nb,
+                                      nb, family.level_width(level));
         }
-        for (int t = 0; t < L; t++) tables[t].build(key_ids.data() + (size_t)t * T, end);
+        for (int t = 0; t < LL; t++) tables[t].build(key_ids.data() + (size_t)t * T, end);
         builds++;
         for (int i = segment; i < end; i++) {
             // q' = [q, 0]: the padded coordinate adds nothing
-            int count = 0;  // written without a branch on seen_by: about half the keys repeat
-            for (int t = 0; t < L; t++) {
-                const uint64_t id = kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
-                                                  family.offset.data() + (size_t)t * nb, nb, family.width);
-                const auto [first, last] = tables[t].range(id);
-                for (const int* key = first; key != last && *key <= i; key++) {
-                    const int j = *key;
-                    candidates[count] = j;
-                    count += seen_by[j] != i;
-                    seen_by[j] = i;
+            int count = 0, level = 0;
+            for (;; level++) {
+                count = 0;  // written without a branch on seen_by: about half the keys repeat
+                pass++;
+                for (int t = 0; t < L; t++) {
+                    const uint64_t id =
+                        kmv_bucket_id(query_proj.data() + (size_t)i * F + (size_t)t * nb,
+                                      family.level_offset(level) + (size_t)t * nb, nb, family.level_width(level));
+                    const auto [first, last] = tables[level * L + t].range(id);
+                    for (const int* key = first; key != last && *key <= i; key++) {
+                        const int j = *key;
+                        candidates[count] = j;
+                        count += seen_by[j] != pass;
+                        seen_by[j] = pass;
+                    }
                 }
+                if (count >= min_candidates || level + 1 == levels) break;
             }
-            visit(i, (const int*)candidates.data(), count);
+            visit(i, (const int*)candidates.data(), count, level);
         }
         segment = end;
     }
@@ -409,6 +443,11 @@ inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, uint64_t* member,
 //              fp32 dot per candidate.
 enum class KmvScoring { Fast, Reference };
 
+// Width levels: a row reads the narrowest level with at least this many times the heavy
+// budget in candidates (the budget's largest are then picked from a pool twice its size;
+// with 1x the baby config's kmv trained 0.02-0.035 worse, README)
+constexpr int kKmvLevelFill = 2;
+
 constexpr int kKmvRowBlock = 64;  // rows per block of the fast scoring; a row's scores (4T bytes) stay in L2
 
 // an fp32 dot as 16 interleaved partial sums (any order is within the bound; this one vectorises)
@@ -439,6 +478,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
     kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
     kmv_check(max_keys >= 1, "max_keys must be >= 1");
     kmv_check(p.num_tables >= 1 && p.num_bits >= 1, "num_tables and num_bits must be >= 1");
+    kmv_check(p.width_levels >= 1 && p.width_levels <= kKmvMaxWidthLevels, "width_levels must be in 1..8");
     kmv_check(p.light_samples >= 0, "light_samples must be >= 0");
     kmv_check(T <= (1 << 28) && (long long)p.num_tables * p.num_bits * (C / NH + 2) < (1ll << 28),
               "num_tables * num_bits * (HS + 2) must stay below 2^28 Philox draws");
@@ -453,8 +493,9 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
     const double tau = 1.0 / sqrt_d;
     const bool use_sgemm = topk_brute_sgemm_pays();
     long long total_heavy = 0, total_light = 0, total_rows = 0, total_candidates = 0, total_builds = 0;
-    long long total_exact = 0;
-    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates, total_builds, total_exact)
+    long long total_exact = 0, total_levels = 0;
+    #pragma omp parallel reduction(+ : total_heavy, total_light, total_rows, total_candidates, total_builds, total_exact, \
+                                       total_levels)
     {
         std::vector<double> key_norm2(T), query_norm2(T), prefix_radius2(T);
         std::vector<double> query_norm_up(T), prefix_key_norm_up(T);  // ||q_i||, max_{j<=i} ||k_j|| (upper bounds)
@@ -618,7 +659,8 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                 block_candidates.clear();
                 block_start.assign(1, 0);
                 int block_r0 = K;
-                auto visit = [&](int i, const int* candidates, int count) {
+                auto visit = [&](int i, const int* candidates, int count, int level) {
+                    total_levels += level;
                     if (scoring == KmvScoring::Reference) {
                         finish_row(i, candidates, count, count);
                         return;
@@ -629,7 +671,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
                     if (i + 1 - block_r0 == kKmvRowBlock || i == T - 1) finish_block(block_r0, i + 1);
                 };
                 total_builds += kmv_lsh_candidates(q, k, C3, T, HS, key_norm2.data(), prefix_radius2.data(),
-                                                   family, K, visit);
+                                                   family, K, std::max(kKmvLevelFill * heavy_budget, 1), visit);
             }
         }
     }
@@ -640,6 +682,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
         stats->candidates += total_candidates;
         stats->table_builds += total_builds;
         stats->exact_checks += total_exact;
+        stats->level_sum += total_levels;
     }
 }
 
