@@ -22,6 +22,8 @@
 //           grad samples, grad source, signed dV, gumbel groups, gumbel
 //           samples), [60..61] u64 attention seed, [62] kmv threshold
 //           (0 absolute, 1 relative; 0 in files from before it existed),
+//           [63] kmv width levels, [64] kmv alpha as fp32 bits (0 in files from
+//           before them: read as 1 level and alpha 1/3),
 //           [70] 0x4d55534b ("KSUM": checksums follow; 0 in files from before them),
 //           [71] 1 (XXH64), [72..73] u64 the parameter checksum of the model file
 //           it belongs to (the model header's [250..251]), [74..75] u64 checksum of

@@ -216,8 +216,8 @@ TEST(Checkpoint, StateFileRoundTripIsExact) {
     EXPECT_THROW(read_state_file(dir.file("s.bin"), 4), std::runtime_error);  // parameter count mismatch
     EXPECT_EQ(back.attn.kmv_levels, 1);
     EXPECT_EQ(back.attn.kmv_alpha, 1.0f / 3);
-    // kmv's settings travel with the state (a resume checks them); files from before the
-    // width levels and alpha fields hold 0 there, which reads as the defaults
+    // kmv's settings travel with the state (a resume compares their description with
+    // its own and says so when they differ)
     s.attn.mode = AttnMode::Kmv, s.attn.tail = 4, s.attn.kmv_threshold = KmvThreshold::Relative;
     s.attn.kmv_levels = 4, s.attn.kmv_alpha = 0.75f;
     write_state_file(dir.file("kmv.bin"), s);
@@ -226,6 +226,18 @@ TEST(Checkpoint, StateFileRoundTripIsExact) {
     EXPECT_EQ(back.attn.kmv_levels, 4);
     EXPECT_EQ(back.attn.kmv_alpha, 0.75f);
     EXPECT_EQ(attn_description(back.attn), attn_description(s.attn));
+    // files from before the width levels and alpha fields hold 0 in slots 63 and 64,
+    // which read as the defaults (the checksum then no longer matches: read unverified)
+    {
+        std::fstream f(dir.file("kmv.bin"), std::ios::in | std::ios::out | std::ios::binary);
+        const int zero[2] = {0, 0};
+        f.seekp(63 * sizeof(int));
+        f.write(reinterpret_cast<const char*>(zero), sizeof(zero));
+    }
+    back = read_state_file(dir.file("kmv.bin"), 3, false);
+    EXPECT_EQ(back.attn.kmv_levels, 1);
+    EXPECT_EQ(back.attn.kmv_alpha, 1.0f / 3);
+    EXPECT_EQ(back.attn.kmv_threshold, KmvThreshold::Relative);
 }
 
 TEST(Checkpoint, RandomInitFollowsGpt2Scheme) {

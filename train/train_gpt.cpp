@@ -129,7 +129,7 @@ Attention
   --attn-kmv-levels N     kmv's LSH bucket widths w, 2w, ..., 2^(N-1) w; each row reads the narrowest with at least
                    2k candidates (1..8; default 1: the paper's one width w)
   --attn-kmv-alpha A      kmv's heavy exponent: heavy iff K_ij >= n^-A (times the row's largest candidate's
-                   with the relative threshold); also sets the width w (0 < A <= 4; default 0.3333, the paper's)
+                   with the relative threshold); also sets the width w (0 < A <= 4; default 1/3, the paper's)
   --attn-seed N    seed of every attention random draw (Philox; default 0)
   --attn-warmup N  exact attention (forward and gradient) for the first N steps, then the --attn
                    settings (default 0); validation always runs the --attn settings
