@@ -47,7 +47,7 @@ struct AttnConfig {
     int gumbel_groups = 3, gumbel_samples = 8;          // median-of-means groups x samples of gumbel
     KmvThreshold kmv_threshold = KmvThreshold::Absolute;  // kmv's heavy test (ALGORITHMS.md §7.4)
     int kmv_levels = 1;                                 // kmv's LSH width levels (§7.4; 1 = [P2]'s one width)
-    float kmv_alpha = 1.0f / 3;                         // kmv's heavy exponent alpha (§7.4; [P2]'s 1/3)
+    float kmv_alpha = kKmvDefaultAlpha;                 // kmv's heavy exponent alpha (§7.4; [P2]'s 1/3)
     uint64_t seed = 0;                                  // key of every attention draw
 
     // slots per key list (0 when the mode keeps none)
@@ -123,10 +123,10 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.tail > 0 && a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) return AttnProblem::TailWithoutTailMode;
     if (a.mode == AttnMode::Kmv && a.tail < 1) return AttnProblem::KmvWithoutLightSamples;
     if (a.kmv_threshold != KmvThreshold::Absolute && a.mode != AttnMode::Kmv) return AttnProblem::KmvThresholdWithoutKmv;
-    if (a.kmv_levels < 1 || a.kmv_levels > kKmvMaxWidthLevels) return AttnProblem::KmvLevelsOutOfRange;
+    if (!kmv_width_levels_ok(a.kmv_levels)) return AttnProblem::KmvLevelsOutOfRange;
     if (a.kmv_levels != 1 && a.mode != AttnMode::Kmv) return AttnProblem::KmvLevelsWithoutKmv;
-    if (!(a.kmv_alpha > 0.0f && a.kmv_alpha <= 4.0f)) return AttnProblem::KmvAlphaOutOfRange;
-    if (a.kmv_alpha != 1.0f / 3 && a.mode != AttnMode::Kmv) return AttnProblem::KmvAlphaWithoutKmv;
+    if (!kmv_alpha_ok(a.kmv_alpha)) return AttnProblem::KmvAlphaOutOfRange;
+    if (a.kmv_alpha != kKmvDefaultAlpha && a.mode != AttnMode::Kmv) return AttnProblem::KmvAlphaWithoutKmv;
     if (a.grad_samples < 1) return AttnProblem::GradSamplesBelowOne;
     if (a.gumbel_groups < 1 || a.gumbel_samples < 1) return AttnProblem::GumbelCountsBelowOne;
     if (a.index_is_approximate() && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
@@ -175,7 +175,7 @@ inline std::string attn_description(const AttnConfig& a) {
     if (a.mode == AttnMode::Kmv) s += " light " + std::to_string(a.tail);
     if (a.mode == AttnMode::Kmv && a.kmv_threshold == KmvThreshold::Relative) s += " threshold relative";
     if (a.mode == AttnMode::Kmv && a.kmv_levels != 1) s += " levels " + std::to_string(a.kmv_levels);
-    if (a.mode == AttnMode::Kmv && a.kmv_alpha != 1.0f / 3) {
+    if (a.mode == AttnMode::Kmv && a.kmv_alpha != kKmvDefaultAlpha) {
         char alpha[32];
         std::snprintf(alpha, sizeof(alpha), " alpha %g", (double)a.kmv_alpha);
         s += alpha;

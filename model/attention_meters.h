@@ -49,7 +49,7 @@ struct MeterSpec {
     std::vector<AttnMode> modes = {AttnMode::Knn};  // knn is always measured (it gives the mass)
     int tail = 8;                        // m of knn-tail and kmv
     int gumbel_groups = 3, gumbel_samples = 8;
-    float kmv_alpha = 1.0f / 3;
+    float kmv_alpha = kKmvDefaultAlpha;
     KmvThreshold kmv_threshold = KmvThreshold::Absolute;
     int kmv_levels = 1;                  // kmv's LSH width levels
     uint64_t seed = 0;                   // the draws of knn-tail, gumbel and kmv

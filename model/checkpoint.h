@@ -369,7 +369,7 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Int8 ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative ||
-        header[63] < 0 || header[63] > kKmvMaxWidthLevels || !(a.kmv_alpha > 0.0f && a.kmv_alpha <= 4.0f))
+        !kmv_width_levels_ok(a.kmv_levels) || !kmv_alpha_ok(a.kmv_alpha))
         throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..64)");
     return s;
 }

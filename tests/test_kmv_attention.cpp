@@ -613,7 +613,9 @@ TEST(KmvSelectKeys, ListEstimatesOfNormaliserAndNumeratorAreUnbiased) {
                 threshold == KmvThreshold::Relative ? "relative" : "absolute", levels, levels > 1 ? "s" : "",
                 moments.size(), seeds, max_z, heavy / per_row, 100.0 * at_budget / per_row, candidates / per_row,
                 level_sum / per_row);
-    if (levels > 1) EXPECT_GT(level_sum, 0) << "some rows read a wider level";
+    if (levels > 1) {
+        EXPECT_GT(level_sum, 0) << "some rows read a wider level";
+    }
     }
 }
 

@@ -151,8 +151,8 @@ Options parse_args(int argc, char** argv) {
     if (o.windows < 1) die("--windows must be >= 1");
     if (o.spec.tail < 1) die("--attn-tail must be >= 1");
     if (o.spec.gumbel_groups < 1 || o.spec.gumbel_samples < 1) die("--attn-gumbel-groups and -samples must be >= 1");
-    if (!(o.spec.kmv_alpha > 0 && o.spec.kmv_alpha <= 4)) die("--kmv-alpha must be in (0, 4]");
-    if (o.spec.kmv_levels < 1 || o.spec.kmv_levels > kKmvMaxWidthLevels) die("--attn-kmv-levels must be in 1..8");
+    if (!kmv_alpha_ok(o.spec.kmv_alpha)) die("--kmv-alpha must be in (0, 4]");
+    if (!kmv_width_levels_ok(o.spec.kmv_levels)) die("--attn-kmv-levels must be in 1..8");
     if (!modes.empty()) {
         o.spec.modes = {AttnMode::Knn};
         for (const std::string& name : split_list(modes)) {

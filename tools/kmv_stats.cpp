@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
     }
     if (model_path.empty() || val_path.empty()) usage_error("usage: kmv_stats -e MODEL_FILE -j VAL_TOKENS [options]");
     if (B < 1 || T < 1 || k < 1 || m < 1 || !(alpha > 0)) usage_error("need -b, -t, --attn-k, --attn-tail >= 1, --alpha > 0");
-    if (levels < 1 || levels > kKmvMaxWidthLevels) usage_error("--attn-kmv-levels must be in 1..8");
+    if (!kmv_width_levels_ok(levels)) usage_error("--attn-kmv-levels must be in 1..8");
     try {
         const ModelFile file = read_model_file(model_path);
         const GPTConfig& cfg = file.config;

@@ -28,7 +28,7 @@ struct AttnFlags {
     int gumbel_samples = 8;              // --attn-gumbel-samples
     std::string kmv_threshold = "absolute";  // --attn-kmv-threshold
     int kmv_levels = 1;                  // --attn-kmv-levels
-    float kmv_alpha = 1.0f / 3;          // --attn-kmv-alpha
+    float kmv_alpha = kKmvDefaultAlpha;  // --attn-kmv-alpha
     uint64_t seed = 0;                   // --attn-seed
     std::string eval;                    // --attn-eval
     int warmup = 0;                      // --attn-warmup: exact attention for the first steps
@@ -170,7 +170,7 @@ inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std
         size_t colon = spec.find(':');
         a.mode = parse_attn_mode(spec.substr(0, colon));
         if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
-        if (a.mode != AttnMode::Kmv) a.kmv_threshold = KmvThreshold::Absolute, a.kmv_levels = 1, a.kmv_alpha = 1.0f / 3;
+        if (a.mode != AttnMode::Kmv) a.kmv_threshold = KmvThreshold::Absolute, a.kmv_levels = 1, a.kmv_alpha = kKmvDefaultAlpha;
         if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
         while (colon != std::string::npos) {
             size_t next = spec.find(':', colon + 1);

@@ -32,13 +32,20 @@ struct LshParams {
 // kernel value among the row's LSH candidates.
 enum class KmvThreshold { Absolute, Relative };
 
-constexpr int kKmvMaxWidthLevels = 8;  // KmvParams::width_levels: widths up to 128 w
+// kmv's settings that every entry point (trainer flags, checkpoints, tools, the kernel)
+// checks the same way: width levels 1..8 (widths up to 128 w), alpha in (0, 4], [P2]'s 1/3
+// by default
+constexpr int kKmvMaxWidthLevels = 8;
+constexpr float kKmvDefaultAlpha = 1.0f / 3;
+constexpr float kKmvMaxAlpha = 4.0f;
+inline bool kmv_width_levels_ok(int levels) { return levels >= 1 && levels <= kKmvMaxWidthLevels; }
+inline bool kmv_alpha_ok(float alpha) { return alpha > 0.0f && alpha <= kKmvMaxAlpha; }  // false for NaN
 
 struct KmvParams {
     int num_tables = 8;      // LSH tables (L)
     int num_bits = 6;        // hash functions concatenated per table
     int light_samples = 16;  // m, light samples per estimated row
-    float heavy_alpha = 1.0f / 3;  // heavy threshold: K_ij >= n_i^-alpha (times the row's largest, Relative)
+    float heavy_alpha = kKmvDefaultAlpha;  // heavy threshold: K_ij >= n_i^-alpha (times the row's largest, Relative)
     KmvThreshold threshold = KmvThreshold::Absolute;
     // LSH bucket widths w, 2w, ..., 2^(width_levels - 1) w (ours, not [P2]'s, §7.4): each
     // row reads the narrowest level whose candidates fill the heavy budget; 1 = w only

@@ -478,7 +478,7 @@ inline void kmv_select_keys(int* idx, float* logw, const float* qkv, int B, int 
     kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
     kmv_check(max_keys >= 1, "max_keys must be >= 1");
     kmv_check(p.num_tables >= 1 && p.num_bits >= 1, "num_tables and num_bits must be >= 1");
-    kmv_check(p.width_levels >= 1 && p.width_levels <= kKmvMaxWidthLevels, "width_levels must be in 1..8");
+    kmv_check(kmv_width_levels_ok(p.width_levels), "width_levels must be in 1..8");
     kmv_check(p.light_samples >= 0, "light_samples must be >= 0");
     kmv_check(T <= (1 << 28) && (long long)p.num_tables * p.num_bits * (C / NH + 2) < (1ll << 28),
               "num_tables * num_bits * (HS + 2) must stay below 2^28 Philox draws");
