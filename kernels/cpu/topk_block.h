@@ -42,10 +42,15 @@
 //
 // The search, per (b, h) and query block (rows i0..i1-1):
 //   bounds   one sgemm: q_i . c_c for every row and every block holding a key <= i1 - 1;
-//   phase 1  per row, kTopkPhase1Rounds rounds: drop the blocks whose bound is below the
-//            row's k-th best so far, then score the g best remaining (g covers about 2k keys,
+//   phase 1  per row: first the best bounds, one block at a time (one vectorised pass over
+//            the bounds each), until the row holds k keys; one branch-free pass keeps the
+//            blocks whose bound reaches that k-th best, and the later passes run over those
+//            few. Then kTopkPhase1Rounds - 1 rounds: drop the blocks whose bound is below the
+//            k-th best so far, then score the g best remaining (g covers about 4k keys,
 //            doubling each round) in one pass over their chunks: most of the row's final
-//            top k (its own cluster's blocks come first);
+//            top k (its own cluster's blocks come first). On trained keys, where a row
+//            needs a few percent of the blocks, the passes over all of them were most of
+//            the search;
 //   phase 2  per block, largest margin (bound - k-th best) first: the rows whose bound for it
 //            is still >= their k-th best, four rows at a time against its chunks, so a block's
 //            keys are loaded once for the whole query block.
@@ -368,7 +373,12 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
         std::vector<int> round_chunks((size_t)max_chunks), round_count((size_t)max_blocks);
         std::vector<float> scores((size_t)std::max((size_t)max_chunks * kTopkLanes, 4 * ld));
         std::vector<TopkSelector> selectors((size_t)QB, TopkSelector(k));
-        std::vector<int> row_nvis((size_t)QB);
+        // each row's blocks left after phase 1 (row r's at row_left[r * max_blocks ..], ascending)
+        std::vector<int> row_left((size_t)QB * max_blocks), row_nleft((size_t)QB);
+        std::vector<char> visited((size_t)max_blocks, 0);  // the first round's blocks of one row
+        std::vector<float> avail((size_t)max_blocks);      // a row's bounds, its first round's at -inf
+        std::vector<int> kept((size_t)max_blocks);
+        std::vector<int> taken_list((size_t)max_blocks);
         // phase 2: per key block, the rows that need it (pair_rows[pair_start[c] ..]),
         // and the blocks in visiting order (largest margin bound - k-th best first)
         std::vector<int> pair_start((size_t)max_blocks + 1), pair_rows((size_t)QB * max_blocks);
@@ -406,17 +416,61 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
                         const int nvis =
                             (int)(std::upper_bound(head.first_key.begin(), head.first_key.begin() + visible, i) -
                                   head.first_key.begin());
-                        row_nvis[r] = nvis;
                         blocks_total += nvis;
+                        int nan_bounds = 0;
+                        #pragma omp simd reduction(+ : nan_bounds)
                         for (int c = 0; c < nvis; c++) {
                             bound[c] += q_norm * head.reach[c];
-                            cand[c] = {bound[c], c};
+                            avail[c] = bound[c];
+                            nan_bounds += bound[c] != bound[c];
                         }
                         TopkSelector& selector = selectors[r];
                         selector.clear();
-                        int first = 0, last = nvis;  // candidates not yet visited: cand[first, last)
-                        for (int round = 0, g = first_round; round < kTopkPhase1Rounds && first < last;
-                             round++, g *= 2) {
+                        // the candidates not yet visited: cand[first, last). Only the first round
+                        // touches all nvis blocks: it takes the best bound, one pass each, until the
+                        // row holds k keys, and one branch-free pass then keeps the blocks that reach
+                        // the k-th best it leaves, so the later rounds and phase 2 run over those few
+                        int first = 0, last = 0, taken = 0;
+                        while (taken < nvis && !selector.full()) {
+                            // larger bound first, ties to the smaller block: the largest bound left in
+                            // one vectorised pass, then its first block; a scan by that rule where bounds
+                            // are NaN or all left are -inf
+                            int best = -1;
+                            if (nan_bounds == 0) {
+                                float top = -INFINITY;
+                                #pragma omp simd reduction(max : top)
+                                for (int c = 0; c < nvis; c++) top = avail[c] > top ? avail[c] : top;
+                                if (top > -INFINITY)
+                                    for (best = 0; avail[best] != top; best++) {}
+                            }
+                            if (best < 0)
+                                for (int c = 0; c < nvis; c++)
+                                    if (!visited[c] && (best < 0 || bound[c] > bound[best])) best = c;
+                            const int n = topk_causal_count(head, best, i);
+                            topk_score_chunks(scores.data(), q, head.panel.data(), head.chunk_start[best],
+                                              head.chunk_start[best] + topk_num_chunks(n), HS);
+                            selector.offer_list(scores.data(), head.keys.data() + head.block_start[best], n);
+                            scores_computed += n;
+                            visited[best] = 1;
+                            avail[best] = -INFINITY;
+                            taken_list[taken++] = best;
+                        }
+                        blocks_visited += taken;
+                        {
+                            const float kth = selector.full() ? selector.lowest().score : -INFINITY;
+                            int n_kept = 0;
+                            for (int c = 0; c < nvis; c++) {
+                                kept[n_kept] = c;
+                                n_kept += !visited[c] && bound[c] >= kth;
+                            }
+                            for (int u = 0; u < n_kept; u++) cand[last++] = {bound[kept[u]], kept[u]};
+                        }
+                        for (int u = 0; u < taken; u++) {
+                            bound[taken_list[u]] = -INFINITY;
+                            visited[taken_list[u]] = 0;
+                        }
+                        int round = 1, g = 2 * first_round;
+                        for (; round < kTopkPhase1Rounds && first < last; round++, g *= 2) {
                             if (selector.full()) {  // drop the bounds below the k-th best
                                 const float kth = selector.lowest().score;
                                 int kept = first;
@@ -449,22 +503,26 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
                             first = round_end;
                         }
                         // left for phase 2: the unvisited blocks with bound >= the k-th best so far
+                        // (blocks dropped before had bounds below an earlier, lower k-th best)
                         const float kth = selector.full() ? selector.lowest().score : -INFINITY;
-                        for (int c = 0; c < nvis; c++) {
+                        int* left = row_left.data() + (size_t)r * max_blocks;
+                        int n_left = 0;
+                        for (int u = first; u < last; u++) {
+                            const int c = cand[u].second;
                             if (bound[c] != -INFINITY && bound[c] >= kth) {
+                                left[n_left++] = c;
                                 pair_start[c + 1]++;
                                 margin[c] = std::max(margin[c], bound[c] - kth);
                             }
                         }
+                        row_nleft[r] = n_left;
                     }
 
                     // phase 2, per key block: the rows that still need it, four at a time
                     for (int c = 0; c < visible; c++) pair_start[c + 1] += pair_start[c];
                     for (int r = 0; r < rows; r++) {
-                        const float* bound = bounds.data() + (size_t)r * visible;
-                        const float kth = selectors[r].full() ? selectors[r].lowest().score : -INFINITY;
-                        for (int c = 0; c < row_nvis[r]; c++)
-                            if (bound[c] != -INFINITY && bound[c] >= kth) pair_rows[pair_start[c]++] = r;
+                        const int* left = row_left.data() + (size_t)r * max_blocks;
+                        for (int u = 0; u < row_nleft[r]; u++) pair_rows[pair_start[left[u]]++] = r;
                     }
                     topk_rewind_bucket_starts(pair_start.data(), visible);
                     int n_needed = 0;
