@@ -327,12 +327,16 @@ bench-parallel: train_gpt_cpu
 # core), once; the bench takes the q, k, v of each of its layers at n = 1024.
 BENCH_TEXT  ?= $(or $(KNNGPT_TEXT),data/tinyshakespeare.txt)
 BENCH_MODEL := $(BUILD)/bench_model/model_00000400.bin
-$(BENCH_MODEL): | train_gpt_cpu prepare_data
+# $(call train_bench_model,DIR,FLAGS): the bench models' recipe, the shape shared and FLAGS
+# (context, batch, steps, schedule) their own
+define train_bench_model
 	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (tools/quickstart.sh fetches tinyshakespeare there; or pass BENCH_TEXT=FILE)"; exit 1; }
-	./prepare_data --input "$(BENCH_TEXT)" --out-dir $(BUILD)/bench_model --name text
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} ./train_gpt_cpu -i $(BUILD)/bench_model/text_train.bin \
-	  -j $(BUILD)/bench_model/text_val.bin --layers 2 --heads 2 --channels 128 -t 1024 -b 4 -x 400 \
-	  -l 2e-3 -u 40 --shuffle 1 -v 0 -m 8 -s 0 -o $(BUILD)/bench_model
+	./prepare_data --input "$(BENCH_TEXT)" --out-dir $(1) --name text
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} ./train_gpt_cpu -i $(1)/text_train.bin -j $(1)/text_val.bin \
+	  --layers 2 --heads 2 --channels 128 $(2) --shuffle 1 -v 0 -m 8 -s 0 -o $(1)
+endef
+$(BENCH_MODEL): | train_gpt_cpu prepare_data
+	$(call train_bench_model,$(BUILD)/bench_model,-t 1024 -b 4 -x 400 -l 2e-3 -u 40)
 bench-model: $(BENCH_MODEL)
 
 # The same shape trained at its context T = 16384 (B 1, 200 steps, 3.3M tokens: about
@@ -340,11 +344,7 @@ bench-model: $(BENCH_MODEL)
 # bench-attention-long benchmarks each of its layers at n = 16384, every mode.
 BENCH_LONG_MODEL := $(BUILD)/bench_model_16k/model_00000200.bin
 $(BENCH_LONG_MODEL): | train_gpt_cpu prepare_data
-	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (tools/quickstart.sh fetches tinyshakespeare there; or pass BENCH_TEXT=FILE)"; exit 1; }
-	./prepare_data --input "$(BENCH_TEXT)" --out-dir $(BUILD)/bench_model_16k --name text
-	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$$(nproc)} ./train_gpt_cpu -i $(BUILD)/bench_model_16k/text_train.bin \
-	  -j $(BUILD)/bench_model_16k/text_val.bin --layers 2 --heads 2 --channels 128 -t 16384 -b 1 -x 200 \
-	  -l 2e-3 -u 20 --shuffle 1 -v 0 -m 8 -s 0 -o $(BUILD)/bench_model_16k
+	$(call train_bench_model,$(BUILD)/bench_model_16k,-t 16384 -b 1 -x 200 -l 2e-3 -u 20)
 bench-model-long: $(BENCH_LONG_MODEL)
 
 bench-attention-long: $(BUILD)/bench_attention $(BENCH_LONG_MODEL)

@@ -373,11 +373,11 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
         std::vector<int> round_chunks((size_t)max_chunks), round_count((size_t)max_blocks);
         std::vector<float> scores((size_t)std::max((size_t)max_chunks * kTopkLanes, 4 * ld));
         std::vector<TopkSelector> selectors((size_t)QB, TopkSelector(k));
-        // each row's blocks left after phase 1 (row r's at row_left[r * max_blocks ..], ascending)
+        // each row's blocks left after phase 1 (row r's at row_left[r * max_blocks ..])
         std::vector<int> row_left((size_t)QB * max_blocks), row_nleft((size_t)QB);
         std::vector<char> visited((size_t)max_blocks, 0);  // the first round's blocks of one row
         std::vector<float> avail((size_t)max_blocks);      // a row's bounds, its first round's at -inf
-        std::vector<int> kept((size_t)max_blocks);
+        std::vector<int> kept_blocks((size_t)max_blocks);
         std::vector<int> taken_list((size_t)max_blocks);
         // phase 2: per key block, the rows that need it (pair_rows[pair_start[c] ..]),
         // and the blocks in visiting order (largest margin bound - k-th best first)
@@ -460,10 +460,10 @@ inline void causal_topk_block(int* idx, const float* qkv, int B, int T, int C, i
                             const float kth = selector.full() ? selector.lowest().score : -INFINITY;
                             int n_kept = 0;
                             for (int c = 0; c < nvis; c++) {
-                                kept[n_kept] = c;
+                                kept_blocks[n_kept] = c;
                                 n_kept += !visited[c] && bound[c] >= kth;
                             }
-                            for (int u = 0; u < n_kept; u++) cand[last++] = {bound[kept[u]], kept[u]};
+                            for (int u = 0; u < n_kept; u++) cand[last++] = {bound[kept_blocks[u]], kept_blocks[u]};
                         }
                         for (int u = 0; u < taken; u++) {
                             bound[taken_list[u]] = -INFINITY;
