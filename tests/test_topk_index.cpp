@@ -662,6 +662,27 @@ TEST(TopkBrute, AShortBisectionGivesALowerBoundOfTheKthLargest) {
     EXPECT_GT(below, 0);  // the early stop is exercised
 }
 
+TEST(TopkBrute, TheQuickselectEqualsASort) {
+    // topk_kth_largest_select (the final selections' k-th) against a sort: ties, negatives,
+    // the extremes of int32, sorted lists, lengths around the 16-lane groups
+    std::mt19937 rng(78);
+    for (int trial = 0; trial < 2000; trial++) {
+        const int n = 1 + (int)(rng() % (trial % 2 ? 40 : 400)), k = 1 + (int)(rng() % n);
+        const int spread = trial % 5 == 0 ? 2 : (trial % 5 == 1 ? 1000 : 2000000000);
+        vector<int32_t> key(n);
+        for (int32_t& x : key) x = (int32_t)((long long)(rng() % (2u * (unsigned)spread + 1)) - spread);
+        if (trial % 7 == 0) key[rng() % n] = INT32_MIN;
+        if (trial % 11 == 0) key[rng() % n] = INT32_MAX;
+        if (trial % 13 == 0) std::sort(key.begin(), key.end());
+        vector<int32_t> sorted = key, above(n + 16), below(n + 16);
+        std::sort(sorted.begin(), sorted.end(), std::greater<int32_t>());
+        const vector<int32_t> before = key;
+        ASSERT_EQ(cpu::topk_kth_largest_select(key.data(), n, k, above.data(), below.data()), sorted[k - 1])
+            << "n " << n << " k " << k << " trial " << trial;
+        ASSERT_EQ(key, before);  // the input is only read
+    }
+}
+
 TEST(TopkBrute, RescoresAboutKKeysPerRow) {
     // The candidates are the k best by fast score plus the keys within 2 Delta of the
     // k-th: on Gaussian keys (HS = 64, Delta ~ 1e-4 against scores spread over ~8) a few
