@@ -71,9 +71,12 @@ inline int topk_int8_hs4(int HS) { return (HS + 3) / 4 * 4; }
 inline int topk_int8_num_chunks(int n) { return (n + kTopkInt8Lanes - 1) / kTopkInt8Lanes; }
 
 // the quantised value of x at scale s (> 0): round(x (1 / s)) clamped to [-127, 127] (a NaN
-// gives -127: fmax returns the number; its row or key never uses the fast scores)
+// gives -127; its row or key never uses the fast scores). Compares rather than std::fmax and
+// std::fmin, which GCC calls out of line here: the same values, signed zeros included.
 inline double topk_int8_quantise(float x, double inv_s) {
-    return std::fmin(127.0, std::fmax(-127.0, std::nearbyint((double)x * inv_s)));
+    const double r = std::nearbyint((double)x * inv_s);
+    const double low = r > -127.0 ? r : -127.0;  // NaN: -127
+    return low < 127.0 ? low : 127.0;
 }
 
 // the scale of values whose largest finite magnitude is m: m / 127, or 1 where m is 0
