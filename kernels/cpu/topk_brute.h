@@ -438,6 +438,25 @@ inline void topk_select_in_key_order(int* dst, const float* scores, const int* k
     }
 }
 
+// The same selection for keys in any order, from their scores' order keys (-0 given as
+// +0): keys[0..n) distinct, 1 <= k < n, the top k by (order desc, key asc) written in
+// ascending key order to dst. The keys tied at the k-th largest go in tie_keys (n + 16
+// ints) and only those are sorted; scratch: 2 (n + 16) ints.
+inline void topk_select_any_order(int* dst, const int32_t* order, const int* keys, int n, int k, int* tie_keys,
+                                  int32_t* scratch) {
+    const int32_t v = topk_kth_largest_select(order, n, k, scratch, scratch + n + 16);
+    int m = 0, ties = 0;
+    for (int u = 0; u < n; u++) {
+        dst[m] = keys[u];
+        m += order[u] > v;
+        tie_keys[ties] = keys[u];
+        ties += order[u] == v;
+    }
+    std::sort(tie_keys, tie_keys + ties);
+    std::copy(tie_keys, tie_keys + (k - m), dst + m);
+    std::sort(dst, dst + k);
+}
+
 // Rows r0..i1 - 1 offer their fast scores of keys j0 .. min(i + 1, j1) - 1, row i's at
 // fast + (i - r0) ld, to their states (row i's at state[i - r0]; rows whose bound does not
 // apply keep nothing).

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "kernels/cpu/topk_block.h"
+#include "kernels/cpu/topk_brute.h"
 #include "kernels/cpu/topk_panel.h"
 #include "kernels/cpu/topk_select.h"
 
@@ -151,7 +152,9 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
         int top_cluster[kTopkClusterRound];
         std::vector<const float*> chunk_ptr((size_t)kTopkClusterRound * max_cluster_chunks);
         std::vector<float> scores((size_t)std::max(p.base, kTopkClusterRound * max_cluster_chunks * kTopkLanes) + kTopkLanes);
-        TopkSelector selector(k);
+        // the row's scored keys that may still enter: their scores' order keys and the keys
+        std::vector<int32_t> cand_order((size_t)T + 16), select_scratch(2 * ((size_t)T + 16));
+        std::vector<int> cand_key((size_t)T + 16), tie_keys((size_t)T + 16);
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -179,19 +182,54 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                         }
                         nc += blk.num_blocks;
                     }
-                    // the own block's keys own0..i, exactly
-                    auto score_own = [&](const float* q, int i) {
-                        topk_score_chunks(scores.data(), q, panel, own0 / kTopkLanes, topk_num_chunks(i + 1), HS);
-                        selector.offer_range(scores.data(), i + 1 - own0, own0);
-                        scores_computed += i + 1 - own0;
-                    };
                     for (int r = 0; r < rows; r++) {
                         const int i = i_search + r;
                         const float* q = q_head + (size_t)i * C3;
-                        selector.clear();
+                        int* out = idx + topk_idx_row(b, h, i, T, NH, k);
+                        // the row's candidates: every scored key whose score reaches the k-th best
+                        // of those before it (kth_order, once there are k), kept by a branch-free append
+                        int n_cand = 0;
+                        int32_t kth_order = INT32_MIN;
+                        auto append = [&](const float* s, const int* keys, int first_key, int n) {
+                            for (int u = 0; u < n; u++) {
+                                const int32_t o = topk_order_key(s[u] + 0.0f);
+                                cand_order[n_cand] = o;
+                                cand_key[n_cand] = keys ? keys[u] : first_key + u;
+                                n_cand += o >= kth_order;
+                            }
+                        };
+                        // the k-th best of the candidates, and only those reaching it kept
+                        auto settle = [&]() {
+                            if (n_cand < k) return;
+                            kth_order = topk_kth_largest_select(cand_order.data(), n_cand, k, select_scratch.data(),
+                                                                select_scratch.data() + n_cand + 16);
+                            int n = 0;
+                            for (int u = 0; u < n_cand; u++) {
+                                cand_order[n] = cand_order[u];
+                                cand_key[n] = cand_key[u];
+                                n += cand_order[u] >= kth_order;
+                            }
+                            n_cand = n;
+                        };
+                        // the own block's keys own0..i, exactly: last, when the clusters' best keys
+                        // are in by then, so that most own keys fail the k-th best test
+                        auto score_own = [&]() {
+                            topk_score_chunks(scores.data(), q, panel, own0 / kTopkLanes, topk_num_chunks(i + 1), HS);
+                            append(scores.data(), nullptr, own0, i + 1 - own0);
+                            scores_computed += i + 1 - own0;
+                        };
+                        auto write_row = [&]() {
+                            if (n_cand <= k) {
+                                std::copy(cand_key.data(), cand_key.data() + n_cand, out);
+                                std::sort(out, out + n_cand);
+                            } else {
+                                topk_select_any_order(out, cand_order.data(), cand_key.data(), n_cand, k, tie_keys.data(),
+                                                      select_scratch.data());
+                            }
+                        };
                         if (nc == 0) {
-                            score_own(q, i);
-                            selector.write_sorted(idx + topk_idx_row(b, h, i, T, NH, k));
+                            score_own();
+                            write_row();
                             continue;
                         }
                         double q_norm2 = 0.0;
@@ -207,7 +245,7 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                         float after_score = INFINITY;
                         int after_cluster = -1, spent = 0;
                         while (spent < row_budget) {
-                            const float kth = selector.full() ? selector.lowest().score : -INFINITY;
+                            const float kth = n_cand >= k ? topk_order_float(kth_order) : -INFINITY;
                             int n_top = 0;
                             for (int c = 0; c < nc; c++) {
                                 const float v = cs[c];
@@ -237,9 +275,10 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                             for (int u = 0; u < n_probe; u++) {
                                 const auto [blk, c] = cluster_of[top_cluster[u]];
                                 const int n = blk->block_start[c + 1] - blk->block_start[c];
-                                selector.offer_list(s, blk->keys.data() + blk->block_start[c], n);
+                                append(s, blk->keys.data() + blk->block_start[c], 0, n);
                                 s += (size_t)topk_num_chunks(n) * kTopkLanes;
                             }
+                            settle();
                             blocks_visited += n_probe;
                             if (n_probe < n_top) break;  // the budget is spent
                             if (n_top < kTopkClusterRound) break;  // no cluster left
@@ -247,10 +286,8 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                             after_cluster = top_cluster[n_top - 1];
                         }
                         scores_computed += spent;
-                        // last: the clusters' best keys are in the selector by then, so most own
-                        // keys fail the k-th best test and never touch the heap
-                        score_own(q, i);
-                        selector.write_sorted(idx + topk_idx_row(b, h, i, T, NH, k));
+                        score_own();
+                        write_row();
                     }
                 }
             }
