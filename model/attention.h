@@ -68,7 +68,9 @@ struct AttnConfig {
     // does any pass search the top-k keys (the forward's lists, or the sampler's)?
     bool uses_topk_index() const { return mode != AttnMode::Exact || sampled_from_lazy_gumbel(); }
     // is the index approximate (its lists need not be the exact top k)?
-    bool index_is_approximate() const { return index == ops::TopkIndex::Lsh || index == ops::TopkIndex::Cluster; }
+    bool index_is_approximate() const {
+        return index == ops::TopkIndex::Lsh || index == ops::TopkIndex::Cluster || index == ops::TopkIndex::Heavy;
+    }
 };
 
 inline const char* attn_mode_name(AttnMode m) {
@@ -88,6 +90,7 @@ inline const char* attn_index_name(ops::TopkIndex i) {
         case ops::TopkIndex::Lsh: return "lsh";
         case ops::TopkIndex::Cluster: return "cluster";
         case ops::TopkIndex::Int8: return "int8";
+        case ops::TopkIndex::Heavy: return "heavy";
     }
     return "?";
 }
@@ -108,12 +111,13 @@ enum class AttnProblem {
     KmvAlphaWithoutKmv,       // a kmv alpha other than 1/3 with a mode other than kmv
     GradSamplesBelowOne,      // grad_samples < 1
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
-    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster):
+    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster, heavy):
                                 // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
     GumbelWithoutSampledGrad,   // gumbel has no exact gradient (its samples are discrete)
     KmvNotInBuild,              // this backend has no kmv kernels
     LshNotInBuild,              // this backend has no lsh index
     ClusterNotInBuild,          // this backend has no cluster index
+    HeavyNotInBuild,            // this backend has no heavy index
     TooManyGumbelGroups,        // more median-of-means groups than this backend's gumbel kernel holds
 };
 
@@ -137,6 +141,7 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.uses_topk_index() && a.index == ops::TopkIndex::Lsh && !can.lsh_index) return AttnProblem::LshNotInBuild;
     if (a.uses_topk_index() && a.index == ops::TopkIndex::Cluster && !can.cluster_index)
         return AttnProblem::ClusterNotInBuild;
+    if (a.uses_topk_index() && a.index == ops::TopkIndex::Heavy && !can.heavy_index) return AttnProblem::HeavyNotInBuild;
     if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups) return AttnProblem::TooManyGumbelGroups;
     return AttnProblem::None;
 }
@@ -157,11 +162,12 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::KmvAlphaWithoutKmv: return "a kmv alpha with a mode other than kmv";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
-        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster)";
+        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster, heavy)";
         case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
         case AttnProblem::KmvNotInBuild: return "kmv, which this build has no kernels for";
         case AttnProblem::LshNotInBuild: return "the lsh index, which this build has no kernels for";
         case AttnProblem::ClusterNotInBuild: return "the cluster index, which this build has no kernels for";
+        case AttnProblem::HeavyNotInBuild: return "the heavy index, which this build has no kernels for";
         case AttnProblem::TooManyGumbelGroups: return "more gumbel groups than this build's kernel holds";
     }
     return "?";

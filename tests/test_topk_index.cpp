@@ -26,6 +26,8 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/topk_index.h"
@@ -186,6 +188,18 @@ vector<int> run_cluster(const vector<float>& qkv, const Shape& s, int k,
     vector<int> idx(s.idx_size(k), -7);
     cpu::causal_topk_cluster(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
     return idx;
+}
+vector<int> run_heavy(const vector<float>& qkv, const Shape& s, int k,
+                      const cpu::TopkHeavyParams& p = cpu::TopkHeavyParams(), cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_heavy(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
+    return idx;
+}
+cpu::TopkHeavyParams heavy_params(int prev_queries, int recent) {
+    cpu::TopkHeavyParams p;
+    p.prev_queries = prev_queries;
+    p.recent = recent;
+    return p;
 }
 // small blocks and clusters, so that short sequences have several dyadic levels
 cpu::TopkClusterParams small_cluster_params(int budget) {
@@ -1330,6 +1344,174 @@ TEST(TopkCluster, RecallGrowsWithTheBudget) {
 }
 
 // ---------------------------------------------------------------------------
+// heavy
+
+TEST(TopkHeavy, ReturnsWellFormedCausalRowsOnEdgeShapes) {
+    for (int T : {1, 2, 3, 4, 5, 63, 64, 65, 200, 333}) {
+        for (int HS : {1, 7, 64}) {
+            const Shape s{2, T, 2 * HS, 2};
+            const vector<float> qkv = uniform_qkv(s, 230 + T + HS);
+            for (int k : {1, 3, 5, 40})
+                for (int prev : {0, 64, 256})
+                    for (int recent : {0, 8, 1000})
+                        ASSERT_EQ(count_invalid_rows(run_heavy(qkv, s, k, heavy_params(prev, recent)), s, k), 0)
+                            << "T=" << T << " HS=" << HS << " k=" << k << " prev=" << prev << " recent=" << recent;
+        }
+    }
+}
+
+TEST(TopkHeavy, WithEveryKeyRecentEqualsBruteBitForBit) {
+    const Shape s{2, 700, 64, 2};
+    const vector<vector<float>> inputs = {uniform_qkv(s, 241), clustered_qkv(s, 242, 6, 20, 80),
+                                          sphere_mixture_qkv(s, 243, 16, 3.0f, 0.3f), integer_qkv(s, 244, 2)};
+    for (size_t u = 0; u < inputs.size(); u++)
+        for (int k : {1, 9, 32})
+            for (int prev : {0, 256})
+                EXPECT_EQ(run_heavy(inputs[u], s, k, heavy_params(prev, s.T)), run_brute(inputs[u], s, k))
+                    << "input " << u << " k=" << k << " prev=" << prev;
+}
+
+// Each row, recomputed from the definition: its block's candidates are the keys in the
+// lists (as returned) of the prev_queries rows before the block, the keys i0 - R .. i1 - 1
+// and, in a probed block, the top probe_width k causal keys of row i0; the row is their k
+// best causal keys by (attention_dot desc, j asc), by a full sort (row i0 of a probed
+// block: the best k of every causal key).
+TEST(TopkHeavy, EachRowIsTheTopKOfItsCandidates) {
+    const Shape s{2, 460, 64, 2};
+    const vector<float> qkv = sphere_mixture_qkv(s, 251, 12, 3.0f, 0.3f);
+    const int HS = s.C / s.NH;
+    struct Case {
+        int prev, recent, every, width;
+    };
+    for (int k : {4, 16}) {
+        for (const Case& c : {Case{64, 0, 0, 1}, Case{128, 20, 1, 1}, Case{256, 64, 3, 4}, Case{0, 0, 2, 2}}) {
+            cpu::TopkHeavyParams p = heavy_params(c.prev, c.recent);
+            p.probe_every = c.every;
+            p.probe_width = c.width;
+            const vector<int> idx = run_heavy(qkv, s, k, p);
+            const int R = std::max(c.recent, k);
+            for (int b = 0; b < s.B; b++)
+                for (int h = 0; h < s.NH; h++) {
+                    // the best n of keys `from` for row i, ascending
+                    auto best = [&](int i, const std::set<int>& from, int n) {
+                        const float* q = qkv.data() + ((size_t)b * s.T + i) * 3 * s.C + (size_t)h * HS;
+                        vector<std::pair<float, int>> ranked;
+                        for (int j : from)
+                            if (j <= i) ranked.push_back({-knngpt::attention_dot(q, q + s.C + (size_t)(j - i) * 3 * s.C, HS), j});
+                        std::sort(ranked.begin(), ranked.end());
+                        vector<int> top;
+                        for (int u = 0; u < std::min(n, (int)ranked.size()); u++) top.push_back(ranked[u].second);
+                        std::sort(top.begin(), top.end());
+                        return top;
+                    };
+                    for (int i0 = 0, blk = 0; i0 < s.T; i0 += 64, blk++) {
+                        std::set<int> cand, every_key;
+                        for (int j = 0; j <= i0; j++) every_key.insert(j);
+                        const bool probed = c.every > 0 && blk % c.every == 0 && i0 + 1 > k;
+                        if (probed)
+                            for (int j : best(i0, every_key, c.width * k)) cand.insert(j);
+                        for (int i = std::max(0, i0 - c.prev); i < i0; i++)
+                            for (int slot = 0; slot < k; slot++) {
+                                const int j = idx[cpu::topk_idx_row(b, h, i, s.T, s.NH, k) + slot];
+                                if (j >= 0) cand.insert(j);
+                            }
+                        for (int j = std::max(0, i0 - R); j < std::min(s.T, i0 + 64); j++) cand.insert(j);
+                        for (int i = i0; i < std::min(s.T, i0 + 64); i++) {
+                            vector<int> want = best(i, probed && i == i0 ? every_key : cand, k);
+                            while ((int)want.size() < k) want.push_back(-1);
+                            const int* row = idx.data() + cpu::topk_idx_row(b, h, i, s.T, s.NH, k);
+                            ASSERT_EQ(vector<int>(row, row + k), want)
+                                << "b=" << b << " h=" << h << " i=" << i << " k=" << k << " prev=" << c.prev
+                                << " every=" << c.every;
+                        }
+                    }
+                }
+        }
+    }
+}
+
+TEST(TopkHeavy, RowsDependOnlyOnTheirPast) {
+    const Shape s{1, 600, 64, 2};
+    const int k = 8, P = 389;
+    const vector<float> qkv = sphere_mixture_qkv(s, 261, 8, 3.0f, 0.3f);
+    vector<float> changed = qkv;
+    const vector<float> noise = uniform_qkv(s, 262);
+    for (size_t x = (size_t)(P + 1) * 3 * s.C; x < changed.size(); x++) changed[x] = noise[x];
+    const Shape cut{1, P + 1, 64, 2};
+    const vector<float> prefix(qkv.begin(), qkv.begin() + (size_t)(P + 1) * 3 * s.C);
+    const vector<int> a = run_heavy(qkv, s, k), b = run_heavy(changed, s, k), c = run_heavy(prefix, cut, k);
+    for (int h = 0; h < s.NH; h++)
+        for (int i = 0; i <= P; i++)
+            for (int slot = 0; slot < k; slot++) {
+                const int x = a[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot];
+                ASSERT_EQ(b[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot], x) << "h=" << h << " i=" << i;
+                ASSERT_EQ(c[cpu::topk_idx_row(0, h, i, cut.T, cut.NH, k) + slot], x) << "h=" << h << " i=" << i;
+            }
+}
+
+// Queries that stay on one topic for a stretch (runs of `run` queries near one of 8
+// centres, in turn) and keys of random topics whose weight along their centre varies
+// (log-normal): the heaviest keys of a topic are the top keys of every one of its queries,
+// the locality the index relies on (trained attention has it: README, `bench_attention`).
+// Over a run the lists carry those keys from block to block; at a change of topic the
+// new topic's heavy keys, selected too long ago, come back only through a probe.
+vector<float> topic_runs_qkv(const Shape& s, unsigned seed, int run, bool weighted) {
+    const int HS = s.C / s.NH, topics = 8;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    vector<float> centre((size_t)topics * HS);
+    for (int g = 0; g < topics; g++) {
+        double n2 = 0.0;
+        for (int d = 0; d < HS; d++) n2 += std::pow(centre[(size_t)g * HS + d] = normal(rng), 2);
+        for (int d = 0; d < HS; d++) centre[(size_t)g * HS + d] *= 3.0f / (float)std::sqrt(n2);
+    }
+    vector<float> qkv(s.qkv_size());
+    std::uniform_int_distribution<int> topic(0, topics - 1);
+    for (int i = 0; i < s.T; i++) {
+        const int gq = (i / run) % topics, gk = topic(rng);
+        const float weight = weighted ? std::exp(0.7f * normal(rng)) : 1.0f;
+        float* row = qkv.data() + (size_t)i * 3 * s.C;
+        for (int d = 0; d < HS; d++) {
+            row[d] = centre[(size_t)gq * HS + d] + 0.3f * normal(rng);
+            row[s.C + d] = weight * centre[(size_t)gk * HS + d] + 0.3f * normal(rng);
+            row[2 * s.C + d] = normal(rng);
+        }
+    }
+    return qkv;
+}
+
+TEST(TopkHeavy, RecallIsHighWhenNearbyQueriesShareTheirTopKeys) {
+    const Shape s{1, 4096, 64, 1};
+    const int k = 32;
+    const vector<float> long_runs = topic_runs_qkv(s, 271, 1000, true);
+    cpu::TopkStats stats;
+    const vector<int> found = run_heavy(long_runs, s, k, cpu::TopkHeavyParams(), &stats);
+    EXPECT_EQ(count_invalid_rows(found, s, k), 0);
+    const double r = recall(found, run_brute(long_runs, s, k), s, k);
+    const double score_fraction = (double)stats.scores_computed / brute_scores(s, k);
+    std::printf("  runs of 1000: recall %.3f at %.3f of brute's scores\n", r, score_fraction);
+    RecordProperty("heavy_recall", std::to_string(r));
+    EXPECT_GT(r, 0.9);
+    EXPECT_LT(score_fraction, 0.2);
+    // runs of 300: probes find the new topic's keys; without them recall stays low
+    const vector<float> short_runs = topic_runs_qkv(s, 272, 300, true);
+    const vector<int> exact = run_brute(short_runs, s, k);
+    double r_every[3];
+    const int every[3] = {0, 4, 1};
+    for (int u = 0; u < 3; u++) {
+        cpu::TopkHeavyParams p;
+        p.probe_every = every[u];
+        r_every[u] = recall(run_heavy(short_runs, s, k, p), exact, s, k);
+    }
+    const vector<float> unweighted = topic_runs_qkv(s, 273, 1000, false);
+    std::printf("  runs of 300: recall %.3f without probes, %.3f with one every 4 blocks, %.3f every block; "
+                "keys of weight 1 (runs of 1000): %.3f\n",
+                r_every[0], r_every[1], r_every[2], recall(run_heavy(unweighted, s, k), run_brute(unweighted, s, k), s, k));
+    EXPECT_GT(r_every[1], r_every[0] + 0.1);
+    EXPECT_GT(r_every[2], r_every[1] + 0.1);
+}
+
+// ---------------------------------------------------------------------------
 // dispatch, statistics, threads
 
 TEST(TopkDispatch, RunsTheNamedIndex) {
@@ -1349,6 +1531,8 @@ TEST(TopkDispatch, RunsTheNamedIndex) {
     EXPECT_EQ(idx, run_lsh(qkv, s, k, p));
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Cluster, p);
     EXPECT_EQ(idx, run_cluster(qkv, s, k));
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Heavy, p);
+    EXPECT_EQ(idx, run_heavy(qkv, s, k));
     cpu::TopkStats int8_stats;
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Int8, p, &int8_stats);
     EXPECT_EQ(idx, run_brute(qkv, s, k));
@@ -1361,8 +1545,8 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int k = 9;
     cpu::LshParams p;
     const vector<float> interleaved = sphere_mixture_qkv(s, 112, 8, 3.0f, 0.3f);
-    vector<int> results[2][6];
-    cpu::TopkStats stats[2][6];
+    vector<int> results[2][7];
+    cpu::TopkStats stats[2][7];
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
@@ -1372,9 +1556,10 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
         results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);
         results[t][4] = run_cluster(interleaved, s, k, small_cluster_params(40), &stats[t][4]);
         results[t][5] = run_int8(interleaved, s, k, &stats[t][5]);
+        results[t][6] = run_heavy(interleaved, s, k, heavy_params(128, 16), &stats[t][6]);
     }
     omp_set_num_threads(saved);
-    for (int m = 0; m < 6; m++) {
+    for (int m = 0; m < 7; m++) {
         EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
         EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
         EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;

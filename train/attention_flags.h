@@ -59,7 +59,8 @@ inline ops::TopkIndex parse_attn_index(const std::string& name) {
     if (name == "lsh") return ops::TopkIndex::Lsh;
     if (name == "cluster") return ops::TopkIndex::Cluster;
     if (name == "int8") return ops::TopkIndex::Int8;
-    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster, int8)");
+    if (name == "heavy") return ops::TopkIndex::Heavy;
+    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster, int8, heavy)");
 }
 inline AttnGrad parse_attn_grad(const std::string& name) {
     if (name == "exact") return AttnGrad::Exact;
@@ -127,6 +128,7 @@ inline void check_attn_config(const AttnConfig& a) {
         case AttnProblem::KmvNotInBuild: throw std::runtime_error("--attn kmv" + missing);
         case AttnProblem::LshNotInBuild: throw std::runtime_error("--attn-index lsh" + missing);
         case AttnProblem::ClusterNotInBuild: throw std::runtime_error("--attn-index cluster" + missing);
+        case AttnProblem::HeavyNotInBuild: throw std::runtime_error("--attn-index heavy" + missing);
         case AttnProblem::TooManyGumbelGroups:
             throw std::runtime_error("--attn-gumbel-groups " + std::to_string(a.gumbel_groups) + ": " + can.build +
                                      " takes at most " + std::to_string(can.max_gumbel_groups));

@@ -114,7 +114,9 @@ Attention
   --attn-tail M    tail samples per query (knn-tail) or light samples (kmv) (default 0)
   --attn-index I   top-k search: brute (exact), block (exact, pruned by block bounds), lsh (approximate),
                    cluster (approximate: clustered causal blocks probed up to a budget of keys),
-                   int8 (exact, identical to brute: int8 first pass, AMX or AVX-512 VNNI)
+                   int8 (exact, identical to brute: int8 first pass, AMX or AVX-512 VNNI),
+                   heavy (approximate: the keys the previous 256 queries selected, the 64 most recent and
+                   an exact probe every 256 queries)
                    (default brute)
   --attn-grad G    exact (the gradient of what the forward computed; default) or sampled (the
                    randomised estimators of the exact-attention gradient)

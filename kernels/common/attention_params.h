@@ -17,7 +17,7 @@ namespace knngpt {
 enum class AttnMode { Exact, Knn, KnnTail, Gumbel, Kmv };
 enum class AttnGrad { Exact, Sampled };
 
-enum class TopkIndex { Brute, Block, Lsh, Cluster, Int8 };  // numbered as stored in checkpoints
+enum class TopkIndex { Brute, Block, Lsh, Cluster, Int8, Heavy };  // numbered as stored in checkpoints
 
 struct LshParams {
     int num_bits = 8;    // hyperplanes per table, 0..16 (2^num_bits buckets)
@@ -66,6 +66,7 @@ struct AttnCapabilities {
     bool kmv = true;                  // the kmv forward
     bool lsh_index = true;            // the approximate lsh top-k index
     bool cluster_index = true;        // the approximate cluster top-k index
+    bool heavy_index = true;          // the approximate heavy-hitter top-k index
     int max_gumbel_groups = 1 << 30;  // median-of-means groups of the gumbel forward
 };
 

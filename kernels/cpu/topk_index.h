@@ -12,7 +12,7 @@
 // for a backward: the index is a discrete choice, the attention kernels differentiate
 // through the chosen keys.
 //
-// Three indexes, one header each, all scoring with attention_dot through the 8-lane key
+// The indexes, one header each, all scoring with attention_dot through the 8-lane key
 // panels of topk_panel.h and selecting with topk_select.h:
 //   brute  topk_brute.h  exact, O(T^2 HS) per head, never a T x T buffer
 //   block  topk_block.h  exact, the same lists as brute bit for bit: blocks of similar keys
@@ -26,6 +26,9 @@
 //   int8   topk_int8.h   exact, the same lists as brute bit for bit: brute's search with an
 //                        int8 first pass (integer dot products of quantised q and k) and a
 //                        quantisation bound instead of sgemm and its rounding bound
+//   heavy  topk_heavy.h  approximate: per block of 64 queries, the keys the previous 256
+//                        queries selected and the 64 most recent, ranked by the exact score;
+//                        with every key recent equal to brute
 // causal_topk runs the one TopkIndex names (block with blocks of 64 keys, cluster with its
 // TopkClusterParams defaults) and adds its
 // statistics to *stats (TopkStats, topk_select.h). Inputs must be finite (a NaN score has
@@ -38,6 +41,7 @@
 #include "kernels/cpu/topk_block.h"
 #include "kernels/cpu/topk_brute.h"
 #include "kernels/cpu/topk_cluster.h"
+#include "kernels/cpu/topk_heavy.h"
 #include "kernels/cpu/topk_int8.h"
 #include "kernels/cpu/topk_lsh.h"
 #include "kernels/cpu/topk_select.h"
@@ -55,6 +59,7 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
         case TopkIndex::Lsh: causal_topk_lsh(idx, qkv, B, T, C, NH, k, p, stats); break;
         case TopkIndex::Cluster: causal_topk_cluster(idx, qkv, B, T, C, NH, k, TopkClusterParams(), stats); break;
         case TopkIndex::Int8: causal_topk_int8(idx, qkv, B, T, C, NH, k, stats); break;
+        case TopkIndex::Heavy: causal_topk_heavy(idx, qkv, B, T, C, NH, k, TopkHeavyParams(), stats); break;
     }
 }
 

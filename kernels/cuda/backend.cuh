@@ -129,7 +129,7 @@ inline double device_peak_flops() {
 
 // ---- attention ops without a CUDA kernel yet ---------------------------------
 
-// What this build's attention kernels cover: no lsh or cluster index and no kmv yet, and
+// What this build's attention kernels cover: no lsh, cluster or heavy index and no kmv yet, and
 // at most kGumbelMaxGroups median-of-means groups.
 inline AttnCapabilities attention_capabilities() {
     AttnCapabilities c;
@@ -137,6 +137,7 @@ inline AttnCapabilities attention_capabilities() {
     c.kmv = false;
     c.lsh_index = false;
     c.cluster_index = false;
+    c.heavy_index = false;
     c.max_gumbel_groups = kGumbelMaxGroups;
     return c;
 }
@@ -150,6 +151,7 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
                         const LshParams&) {
     if (index == TopkIndex::Lsh) throw std::runtime_error("causal_topk: the lsh index has no CUDA kernel yet");
     if (index == TopkIndex::Cluster) throw std::runtime_error("causal_topk: the cluster index has no CUDA kernel yet");
+    if (index == TopkIndex::Heavy) throw std::runtime_error("causal_topk: the heavy index has no CUDA kernel yet");
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 

@@ -1,0 +1,143 @@
+// kernels/cpu/topk_heavy.h — the approximate causal top-k whose candidates are the keys
+// the previous queries selected and the most recent keys (ALGORITHMS.md §6.3; tie rule
+// of §2.1).
+//
+//   blocks      queries in blocks of 64 (kTopkQueryBlock), i0 = 0, 64, 128, .. in order
+//   candidates  of the block i0..i1-1: the keys in the lists of the previous prev_queries
+//               queries (rows i0 - prev_queries .. i0 - 1, already written), every key of
+//               recent = [i0 - R, i1), R = max(recent, k), and in every probe_every-th block
+//               the best probe_width k causal keys of its first row, by brute force: the
+//               heavy hitters of the recent past, what is too new to have been selected, and
+//               a way back for older keys when the queries change (say, a new topic)
+//   S_i         the k best causal candidates (j <= i) by (attention_dot desc, j asc):
+//               brute's score and ranking over the candidates (the probed row: over every
+//               causal key, its exact list)
+//
+// On a trained model's attention the queries of a block share most of their top keys (at
+// n = 16K the exact top 32 of 64 consecutive queries hold ~134 distinct keys, not 2048),
+// and the next block's top keys are mostly among them: README, `bench_attention`. On
+// inputs without that locality (queries in random order) the candidates cover less.
+// Row i depends on q_i, keys 0..i, q_i0 (a probe) and the lists of the rows before its
+// block, which depend only on their own past: causal, and independent of T and of the batch. With R >= T every
+// key is a candidate and the lists equal brute force bit for bit. One thread per (b, h),
+// its blocks in order (each block reads the lists before it); results and statistics do
+// not depend on the thread count. Cost per block: packing its candidates (about
+// prev_queries k / 8 distinct keys on trained attention, plus R + 64), per row the scores
+// of its causal candidates and one selection over them, and a probe's i0 scores:
+// O(T (c + R + T / (64 probe_every)) HS) per head for c candidates a block, against
+// brute's O(T^2 HS): a probe every 4 blocks is 1/256 of brute's scores.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "kernels/cpu/topk_brute.h"
+#include "kernels/cpu/topk_panel.h"
+#include "kernels/cpu/topk_select.h"
+
+namespace knngpt::cpu {
+
+struct TopkHeavyParams {
+    int prev_queries = 256;  // the lists of this many queries before the block are candidates
+    int recent = 64;         // and the keys i0 - recent .. i1 - 1 (at least k of them)
+    int probe_every = 4;     // and, every probe_every-th block (0: none), the exact top
+    int probe_width = 4;     // probe_width k keys of its first row (whose list is their top k)
+};
+
+inline void causal_topk_heavy(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
+                              const TopkHeavyParams& p = TopkHeavyParams(), TopkStats* stats = nullptr) {
+    topk_check_shapes(B, T, C, NH, k);
+    topk_check(p.prev_queries >= 0 && p.recent >= 0 && p.probe_every >= 0 && p.probe_width >= 1,
+               "TopkHeavyParams: prev_queries, recent and probe_every must be >= 0, probe_width >= 1");
+    const int HS = C / NH;
+    const size_t C3 = 3 * (size_t)C;
+    const int QB = kTopkQueryBlock, recent = std::max(p.recent, k);
+    long long scores_computed = 0;
+    #pragma omp parallel reduction(+ : scores_computed)
+    {
+        std::vector<int> last_block((size_t)T), cand((size_t)T + 16);  // the block that last took key j
+        std::vector<float> panel((size_t)(topk_num_chunks(T) + 1) * HS * kTopkLanes), scores((size_t)T + 16);
+        std::vector<int32_t> order(3 * ((size_t)T + 16));
+        std::vector<float> head_panel((size_t)(topk_num_chunks(T) + 1) * HS * kTopkLanes);  // keys 0..i1-1 so far
+        std::vector<int> key_order((size_t)T), probe_keys((size_t)T);  // key_order: 0, 1, .., T - 1
+        std::vector<float> probe_scores((size_t)T + 16);
+        for (int j = 0; j < T; j++) key_order[j] = j;
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < NH; h++) {
+                const float* q_head = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+                const float* k_head = q_head + C;
+                std::fill(last_block.begin(), last_block.end(), -1);
+                for (int i0 = 0, blk = 0; i0 < T; i0 += QB, blk++) {
+                    const int i1 = std::min(T, i0 + QB), r0 = std::max(0, i0 - recent);
+                    topk_pack_chunks(head_panel.data() + (size_t)(i0 / kTopkLanes) * HS * kTopkLanes, i1 - i0, HS,
+                                     [&](int u) { return k_head + (size_t)(i0 + u) * C3; });
+                    // the probe: row i0's exact top probe_width k over every causal key, and its list
+                    // their top k
+                    const bool probe = p.probe_every > 0 && blk % p.probe_every == 0 && i0 + 1 > k;
+                    int n_probe = 0;
+                    if (probe) {
+                        topk_score_chunks(scores.data(), q_head + (size_t)i0 * C3, head_panel.data(), 0,
+                                          topk_num_chunks(i0 + 1), HS);
+                        scores_computed += i0 + 1;
+                        n_probe = std::min(i0 + 1, p.probe_width * k);
+                        if (n_probe < i0 + 1)
+                            topk_select_in_key_order(probe_keys.data(), scores.data(), key_order.data(), i0 + 1, n_probe,
+                                                     order.data());
+                        else
+                            std::copy(key_order.begin(), key_order.begin() + n_probe, probe_keys.begin());
+                        int* out = idx + topk_idx_row(b, h, i0, T, NH, k);
+                        if (n_probe == k) {
+                            std::copy(probe_keys.begin(), probe_keys.begin() + k, out);
+                        } else {
+                            for (int u = 0; u < n_probe; u++) probe_scores[u] = scores[probe_keys[u]];
+                            topk_select_in_key_order(out, probe_scores.data(), probe_keys.data(), n_probe, k, order.data());
+                        }
+                    }
+                    // the keys before r0 that the probe and the previous queries selected, ascending,
+                    // then r0..i1-1
+                    int n = 0;
+                    for (int u = 0; u < n_probe; u++) {
+                        const int j = probe_keys[u];
+                        if (j < r0 && last_block[j] != blk) {
+                            last_block[j] = blk;
+                            cand[n++] = j;
+                        }
+                    }
+                    for (int i = std::max(0, i0 - p.prev_queries); i < i0; i++) {
+                        const int* row = idx + topk_idx_row(b, h, i, T, NH, k);
+                        for (int s = 0; s < k; s++) {
+                            const int j = row[s];
+                            if (j >= 0 && j < r0 && last_block[j] != blk) {
+                                last_block[j] = blk;
+                                cand[n++] = j;
+                            }
+                        }
+                    }
+                    std::sort(cand.begin(), cand.begin() + n);
+                    for (int j = r0; j < i1; j++) cand[n++] = j;
+                    topk_pack_chunks(panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * C3; });
+                    int n_causal = 0;  // candidates j <= i: a prefix, as they ascend
+                    for (int i = i0; i < i1; i++) {
+                        int* out = idx + topk_idx_row(b, h, i, T, NH, k);
+                        if (i + 1 <= k) {
+                            topk_write_all_keys(out, i, k);
+                            continue;
+                        }
+                        if (i == i0 && probe) continue;
+                        while (n_causal < n && cand[n_causal] <= i) n_causal++;
+                        // every key of r0..i is a candidate and i + 1 - r0 >= min(i + 1, recent + 1) > k
+                        topk_score_chunks(scores.data(), q_head + (size_t)i * C3, panel.data(), 0,
+                                          topk_num_chunks(n_causal), HS);
+                        topk_select_in_key_order(out, scores.data(), cand.data(), n_causal, k, order.data());
+                        scores_computed += n_causal;
+                    }
+                }
+            }
+        }
+    }
+    if (stats) stats->scores_computed += scores_computed;
+}
+
+}  // namespace knngpt::cpu
