@@ -57,7 +57,8 @@ inline void causal_topk_heavy(int* idx, const float* qkv, int B, int T, int C, i
     #pragma omp parallel reduction(+ : scores_computed)
     {
         std::vector<int> last_block((size_t)T), cand((size_t)T + 16);  // the block that last took key j
-        std::vector<float> panel((size_t)(topk_num_chunks(T) + 1) * HS * kTopkLanes), scores((size_t)T + 16);
+        std::vector<float> panel((size_t)(topk_num_chunks(T) + 1) * HS * kTopkLanes), scores(4 * ((size_t)T + 16));
+        std::vector<float> q4((size_t)4 * HS);
         std::vector<int32_t> order(3 * ((size_t)T + 16));
         std::vector<float> head_panel((size_t)(topk_num_chunks(T) + 1) * HS * kTopkLanes);  // keys 0..i1-1 so far
         std::vector<int> key_order((size_t)T), probe_keys((size_t)T);  // key_order: 0, 1, .., T - 1
@@ -118,20 +119,32 @@ inline void causal_topk_heavy(int* idx, const float* qkv, int B, int T, int C, i
                     std::sort(cand.begin(), cand.begin() + n);
                     for (int j = r0; j < i1; j++) cand[n++] = j;
                     topk_pack_chunks(panel.data(), n, HS, [&](int u) { return k_head + (size_t)cand[u] * C3; });
-                    int n_causal = 0;  // candidates j <= i: a prefix, as they ascend
+                    // the rows that search, four at a time through one pass over the panel (the
+                    // fourth row's causal candidates: the earlier rows' scores past theirs unused)
+                    int rows[kTopkQueryBlock], n_rows = 0;
                     for (int i = i0; i < i1; i++) {
-                        int* out = idx + topk_idx_row(b, h, i, T, NH, k);
-                        if (i + 1 <= k) {
-                            topk_write_all_keys(out, i, k);
-                            continue;
+                        if (i + 1 <= k)
+                            topk_write_all_keys(idx + topk_idx_row(b, h, i, T, NH, k), i, k);
+                        else if (!(i == i0 && probe))
+                            rows[n_rows++] = i;
+                    }
+                    for (int g = 0; g < n_rows; g += 4) {
+                        const float* q[4];
+                        int n_causal[4];  // candidates j <= i: a prefix, as they ascend
+                        for (int r = 0; r < 4; r++) {
+                            const int i = rows[std::min(g + r, n_rows - 1)];
+                            q[r] = q_head + (size_t)i * C3;
+                            n_causal[r] = (int)(std::upper_bound(cand.begin(), cand.begin() + n, i) - cand.begin());
                         }
-                        if (i == i0 && probe) continue;
-                        while (n_causal < n && cand[n_causal] <= i) n_causal++;
-                        // every key of r0..i is a candidate and i + 1 - r0 >= min(i + 1, recent + 1) > k
-                        topk_score_chunks(scores.data(), q_head + (size_t)i * C3, panel.data(), 0,
-                                          topk_num_chunks(n_causal), HS);
-                        topk_select_in_key_order(out, scores.data(), cand.data(), n_causal, k, order.data());
-                        scores_computed += n_causal;
+                        topk_interleave_queries(q4.data(), q, HS);
+                        const size_t ld = (size_t)topk_num_chunks(n) * kTopkLanes;
+                        topk_score_chunks_4q(scores.data(), ld, q4.data(), panel.data(), topk_num_chunks(n_causal[3]), HS);
+                        for (int r = 0; r < 4 && g + r < n_rows; r++) {
+                            // every key of r0..i is a candidate and i + 1 - r0 >= min(i + 1, recent + 1) > k
+                            topk_select_in_key_order(idx + topk_idx_row(b, h, rows[g + r], T, NH, k), scores.data() + r * ld,
+                                                     cand.data(), n_causal[r], k, order.data());
+                            scores_computed += n_causal[r];
+                        }
                     }
                 }
             }

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <vector>
 
 // KNNGPT_TOPK_LANES_FMA: the AVX/FMA backend is compiled; KNNGPT_TOPK_LANES_DISPATCH:
 // under target options, chosen at run time (a build without FMA, x86-64, g++)
@@ -51,13 +52,17 @@ inline int topk_num_chunks(int T) { return (T + kTopkLanes - 1) / kTopkLanes; }
 // u % 8, zero lanes after the last key
 template <class KeyOf>
 inline void topk_pack_chunks(float* panel, int n, int HS, KeyOf key_of) {
+    const std::vector<float> zeros((size_t)HS, 0.0f);
     for (int c = 0; c < topk_num_chunks(n); c++) {
         float* chunk = panel + (size_t)c * HS * kTopkLanes;
+        const float* key[kTopkLanes];
         for (int l = 0; l < kTopkLanes; l++) {
             const int u = c * kTopkLanes + l;
-            const float* key = u < n ? key_of(u) : nullptr;
-            for (int d = 0; d < HS; d++) chunk[d * kTopkLanes + l] = key ? key[d] : 0.0f;
+            key[l] = u < n ? key_of(u) : zeros.data();
         }
+        // the chunk in the order it is stored (strided writes were most of a pack's time)
+        for (int d = 0; d < HS; d++)
+            for (int l = 0; l < kTopkLanes; l++) chunk[d * kTopkLanes + l] = key[l][d];
     }
 }
 
