@@ -125,7 +125,7 @@ help:
 	@echo "                      n = 1K..16K, k = 32 and sqrt(n), uniform, clustered and trained-model inputs,"
 	@echo "                      and the seed paper's forward and gradient experiments (BENCH_TEXT: the text)"
 	@echo "  make bench-model    the small model bench-attention takes its trained-model inputs from"
-	@echo "  make bench-attention-long  every mode on the q, k, v of a model trained at T = 16384 (n = 16K)"
+	@echo "  make bench-attention-long  every mode on the q, k, v of a model trained at T = 16384 (n = 1K..16K)"
 	@echo "  make bench-model-long  that model: 2 layers, 2 heads of 64, 200 steps (~12 min on 2 cores)"
 	@echo "  make bench-bpe      GPT-2 BPE encoding vs js-tiktoken (node), one thread and more: ms, MB/s, ratio"
 	@echo "  make clean          remove build outputs"
@@ -341,7 +341,8 @@ bench-model: $(BENCH_MODEL)
 
 # The same shape trained at its context T = 16384 (B 1, 200 steps, 3.3M tokens: about
 # 12 minutes on 2 cores), once: the issue's n = 16K targets on real attention.
-# bench-attention-long benchmarks each of its layers at n = 16384, every mode.
+# bench-attention-long benchmarks each of its layers at n = 1K .. 16K (the first n tokens
+# of its window), every mode.
 BENCH_LONG_MODEL := $(BUILD)/bench_model_16k/model_00000200.bin
 $(BENCH_LONG_MODEL): | train_gpt_cpu prepare_data
 	$(call train_bench_model,$(BUILD)/bench_model_16k,-t 16384 -b 1 -x 200 -l 2e-3 -u 20)

@@ -7,8 +7,9 @@
 //   clustered: keys drawn around 64 Gaussian-mixture centres, queries near the
 //              centres, values uniform (as trained attention tends to be);
 //   model/lL:  the q, k, v of layer L of a trained model (--from-checkpoint) on a
-//              window of text (--data), at n = the model's own context T and the
-//              model's heads and head size (model/qkv_capture.h).
+//              window of text (--data), at n = the model's own context T and at each
+//              smaller n of --sizes (the window's first n tokens), with the model's heads
+//              and head size (model/qkv_capture.h).
 // For every input, n and k (--k: numbers, or sqrt for round(sqrt(n))) it times each
 // mode's forward and its backward (the backward after the forward it belongs to; one
 // warm-up call, then the median of --reps calls; one call and no warm-up at n >= 8K), and
@@ -85,6 +86,7 @@ const char* USAGE =
     "  --inputs LIST         clustered, uniform, model (default all; model only with --from-checkpoint)\n"
     "  --modes LIST          only these modes besides exact (default all)\n"
     "  --from-checkpoint F   llm.c model file: benchmark on the q, k, v of each of its layers at n = its context\n"
+    "                        and at each smaller n of --sizes (the first n tokens of its window)\n"
     "  --data TEXT           the text the model reads (byte-level), needed with --from-checkpoint\n"
     "  --data-offset BYTES   where in TEXT the window starts (default: the start of its last tenth)\n"
     "  --csv FILE            one row per (input, n, k, mode) (default build/bench_attention.csv)\n"
@@ -734,7 +736,18 @@ int main(int argc, char** argv) {
                 auto captured = std::make_shared<std::vector<float>>(std::move(layers[l].qkv));
                 const std::string kind = "model/l" + std::to_string(l);
                 const int T = cfg.max_seq_len, C = cfg.channels, NH = cfg.num_heads;
-                groups.push_back({kind, C / NH, {T}, [=](int) { return Inputs{kind, T, C, NH, *captured}; }});
+                // n = T, and each smaller n of --sizes: the window's first n tokens, whose q, k, v
+                // are those of a window of n (the model is causal)
+                std::vector<int> ns;
+                for (int n : sizes)
+                    if (n < T) ns.push_back(n);
+                std::sort(ns.begin(), ns.end());
+                ns.push_back(T);
+                groups.push_back({kind, C / NH, ns, [=](int n) {
+                                      return Inputs{kind, n, C, NH,
+                                                    std::vector<float>(captured->begin(),
+                                                                       captured->begin() + (size_t)n * 3 * C)};
+                                  }});
             }
         }
     }
