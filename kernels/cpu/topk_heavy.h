@@ -82,7 +82,7 @@ inline void causal_topk_heavy(int* idx, const float* qkv, int B, int T, int C, i
                         topk_score_chunks(scores.data(), q_head + (size_t)i0 * C3, head_panel.data(), 0,
                                           topk_num_chunks(i0 + 1), HS);
                         scores_computed += i0 + 1;
-                        n_probe = std::min(i0 + 1, p.probe_width * k);
+                        n_probe = (int)std::min<long long>(i0 + 1, (long long)p.probe_width * k);
                         if (n_probe < i0 + 1)
                             topk_select_in_key_order(probe_keys.data(), scores.data(), key_order.data(), i0 + 1, n_probe,
                                                      order.data());
