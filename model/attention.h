@@ -115,9 +115,7 @@ enum class AttnProblem {
                                 // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
     GumbelWithoutSampledGrad,   // gumbel has no exact gradient (its samples are discrete)
     KmvNotInBuild,              // this backend has no kmv kernels
-    LshNotInBuild,              // this backend has no lsh index
-    ClusterNotInBuild,          // this backend has no cluster index
-    HeavyNotInBuild,            // this backend has no heavy index
+    IndexNotInBuild,            // this backend has no kernels for the top-k index named
     TooManyGumbelGroups,        // more median-of-means groups than this backend's gumbel kernel holds
 };
 
@@ -138,10 +136,7 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact) return AttnProblem::GumbelWithoutSampledGrad;
     const AttnCapabilities can = ops::attention_capabilities();
     if (a.mode == AttnMode::Kmv && !can.kmv) return AttnProblem::KmvNotInBuild;
-    if (a.uses_topk_index() && a.index == ops::TopkIndex::Lsh && !can.lsh_index) return AttnProblem::LshNotInBuild;
-    if (a.uses_topk_index() && a.index == ops::TopkIndex::Cluster && !can.cluster_index)
-        return AttnProblem::ClusterNotInBuild;
-    if (a.uses_topk_index() && a.index == ops::TopkIndex::Heavy && !can.heavy_index) return AttnProblem::HeavyNotInBuild;
+    if (a.uses_topk_index() && !can.has_index(a.index)) return AttnProblem::IndexNotInBuild;
     if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups) return AttnProblem::TooManyGumbelGroups;
     return AttnProblem::None;
 }
@@ -165,9 +160,7 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster, heavy)";
         case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
         case AttnProblem::KmvNotInBuild: return "kmv, which this build has no kernels for";
-        case AttnProblem::LshNotInBuild: return "the lsh index, which this build has no kernels for";
-        case AttnProblem::ClusterNotInBuild: return "the cluster index, which this build has no kernels for";
-        case AttnProblem::HeavyNotInBuild: return "the heavy index, which this build has no kernels for";
+        case AttnProblem::IndexNotInBuild: return "a top-k index this build has no kernels for";
         case AttnProblem::TooManyGumbelGroups: return "more gumbel groups than this build's kernel holds";
     }
     return "?";

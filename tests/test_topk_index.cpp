@@ -1289,20 +1289,19 @@ TEST(TopkCluster, WithABudgetOfEveryKeyEqualsBruteBitForBit) {
     }
 }
 
-TEST(TopkCluster, RowsDependOnlyOnTheirPast) {
-    // rows 0..P are unchanged when the keys and queries after P change, and equal the
-    // rows of the sequence cut after P
+// Rows 0..P of `index`'s lists are unchanged when the keys and queries after P change,
+// and equal the rows of the sequence cut after P (sphere-mixture inputs from `seed`).
+void expect_rows_depend_only_on_their_past(const std::function<vector<int>(const vector<float>&, const Shape&)>& index,
+                                           unsigned seed, int P) {
     const Shape s{1, 600, 64, 2};
-    const int k = 8, P = 389;
-    const vector<float> qkv = sphere_mixture_qkv(s, 151, 8, 3.0f, 0.3f);
+    const int k = 8;
+    const vector<float> qkv = sphere_mixture_qkv(s, seed, 8, 3.0f, 0.3f);
     vector<float> changed = qkv;
-    const vector<float> noise = uniform_qkv(s, 152);
+    const vector<float> noise = uniform_qkv(s, seed + 1);
     for (size_t x = (size_t)(P + 1) * 3 * s.C; x < changed.size(); x++) changed[x] = noise[x];
     const Shape cut{1, P + 1, 64, 2};
     const vector<float> prefix(qkv.begin(), qkv.begin() + (size_t)(P + 1) * 3 * s.C);
-    const cpu::TopkClusterParams p = small_cluster_params(24);
-    const vector<int> a = run_cluster(qkv, s, k, p), b = run_cluster(changed, s, k, p);
-    const vector<int> c = run_cluster(prefix, cut, k, p);
+    const vector<int> a = index(qkv, s), b = index(changed, s), c = index(prefix, cut);
     for (int h = 0; h < s.NH; h++)
         for (int i = 0; i <= P; i++)
             for (int slot = 0; slot < k; slot++) {
@@ -1310,6 +1309,12 @@ TEST(TopkCluster, RowsDependOnlyOnTheirPast) {
                 ASSERT_EQ(b[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot], x) << "h=" << h << " i=" << i;
                 ASSERT_EQ(c[cpu::topk_idx_row(0, h, i, cut.T, cut.NH, k) + slot], x) << "h=" << h << " i=" << i;
             }
+}
+
+TEST(TopkCluster, RowsDependOnlyOnTheirPast) {
+    expect_rows_depend_only_on_their_past(
+        [](const vector<float>& qkv, const Shape& s) { return run_cluster(qkv, s, 8, small_cluster_params(24)); }, 151,
+        389);
 }
 
 TEST(TopkCluster, RecallOnClusteredKeysIsAboveAFloor) {
@@ -1431,22 +1436,9 @@ TEST(TopkHeavy, EachRowIsTheTopKOfItsCandidates) {
 }
 
 TEST(TopkHeavy, RowsDependOnlyOnTheirPast) {
-    const Shape s{1, 600, 64, 2};
-    const int k = 8, P = 300;  // in block 4, which probes
-    const vector<float> qkv = sphere_mixture_qkv(s, 261, 8, 3.0f, 0.3f);
-    vector<float> changed = qkv;
-    const vector<float> noise = uniform_qkv(s, 262);
-    for (size_t x = (size_t)(P + 1) * 3 * s.C; x < changed.size(); x++) changed[x] = noise[x];
-    const Shape cut{1, P + 1, 64, 2};
-    const vector<float> prefix(qkv.begin(), qkv.begin() + (size_t)(P + 1) * 3 * s.C);
-    const vector<int> a = run_heavy(qkv, s, k), b = run_heavy(changed, s, k), c = run_heavy(prefix, cut, k);
-    for (int h = 0; h < s.NH; h++)
-        for (int i = 0; i <= P; i++)
-            for (int slot = 0; slot < k; slot++) {
-                const int x = a[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot];
-                ASSERT_EQ(b[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot], x) << "h=" << h << " i=" << i;
-                ASSERT_EQ(c[cpu::topk_idx_row(0, h, i, cut.T, cut.NH, k) + slot], x) << "h=" << h << " i=" << i;
-            }
+    // P = 300 lies in block 4, which probes
+    expect_rows_depend_only_on_their_past([](const vector<float>& qkv, const Shape& s) { return run_heavy(qkv, s, 8); },
+                                          261, 300);
 }
 
 // Queries that stay on one topic for a stretch (runs of `run` queries near one of 8

@@ -126,9 +126,8 @@ inline void check_attn_config(const AttnConfig& a) {
             throw std::runtime_error(
                 "--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
         case AttnProblem::KmvNotInBuild: throw std::runtime_error("--attn kmv" + missing);
-        case AttnProblem::LshNotInBuild: throw std::runtime_error("--attn-index lsh" + missing);
-        case AttnProblem::ClusterNotInBuild: throw std::runtime_error("--attn-index cluster" + missing);
-        case AttnProblem::HeavyNotInBuild: throw std::runtime_error("--attn-index heavy" + missing);
+        case AttnProblem::IndexNotInBuild:
+            throw std::runtime_error(std::string("--attn-index ") + attn_index_name(a.index) + missing);
         case AttnProblem::TooManyGumbelGroups:
             throw std::runtime_error("--attn-gumbel-groups " + std::to_string(a.gumbel_groups) + ": " + can.build +
                                      " takes at most " + std::to_string(can.max_gumbel_groups));

@@ -64,10 +64,9 @@ enum class GradSampleSource { ExactRow, LazyGumbel };
 struct AttnCapabilities {
     const char* build = "";           // the build, as messages name it
     bool kmv = true;                  // the kmv forward
-    bool lsh_index = true;            // the approximate lsh top-k index
-    bool cluster_index = true;        // the approximate cluster top-k index
-    bool heavy_index = true;          // the approximate heavy-hitter top-k index
+    unsigned topk_indexes = ~0u;      // bit (int)TopkIndex: this build has that top-k index
     int max_gumbel_groups = 1 << 30;  // median-of-means groups of the gumbel forward
+    bool has_index(TopkIndex i) const { return (topk_indexes >> (int)i) & 1u; }
 };
 
 }  // namespace knngpt

@@ -135,9 +135,8 @@ inline AttnCapabilities attention_capabilities() {
     AttnCapabilities c;
     c.build = "the CUDA build";
     c.kmv = false;
-    c.lsh_index = false;
-    c.cluster_index = false;
-    c.heavy_index = false;
+    // the exact indexes, all three computed by the brute-force kernel (below)
+    c.topk_indexes = 1u << (int)TopkIndex::Brute | 1u << (int)TopkIndex::Block | 1u << (int)TopkIndex::Int8;
     c.max_gumbel_groups = kGumbelMaxGroups;
     return c;
 }
@@ -149,9 +148,9 @@ inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 // computes all three.
 inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
                         const LshParams&) {
-    if (index == TopkIndex::Lsh) throw std::runtime_error("causal_topk: the lsh index has no CUDA kernel yet");
-    if (index == TopkIndex::Cluster) throw std::runtime_error("causal_topk: the cluster index has no CUDA kernel yet");
-    if (index == TopkIndex::Heavy) throw std::runtime_error("causal_topk: the heavy index has no CUDA kernel yet");
+    if (!attention_capabilities().has_index(index))
+        throw std::runtime_error("causal_topk: index " + std::to_string((int)index) +
+                                 " (lsh, cluster or heavy) has no CUDA kernel yet");
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
