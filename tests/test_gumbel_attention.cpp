@@ -243,6 +243,44 @@ TEST(LazyGumbel, RowsWithAtMostKKeysAreSoftmaxPicksWithoutExceeders) {
     }
 }
 
+TEST(LazyGumbel, RowHeadSummaryGivesTheSameSamplesAsEachSampleItsOwn) {
+    // the samplers summarise a row's head once (lazy_gumbel_head_prepare with a buffer: its
+    // scores 16 side by side); a sample without it recomputes them one by one. k = 40 spans
+    // two full batches and a partial one; rows below k have padded lists; HS 7 and 64
+    for (int HS : {7, 64}) {
+        const int T = 160, C = HS, NH = 1, k = 40, C3 = 3 * C;
+        const float tau = attention_tau(HS);
+        const std::vector<float> qkv = random_qkv(1, T, C, 2.0f, 21 + HS);
+        const std::vector<int> topk_all = naive_causal_topk(qkv, {1, T, C, NH}, k);
+        std::vector<double> cdf(k);
+        long long compared = 0, in_tail = 0;
+        for (int i : {0, 5, 39, 40, 41, 77, 159}) {
+            const int* topk = topk_all.data() + (size_t)i * k;
+            const float* q_i = qkv.data() + (size_t)i * C3;
+            LazyGumbelHead head;
+            lazy_gumbel_head_prepare(&head, cdf.data(), q_i, qkv.data() + C, C3, HS, tau, topk, k);
+            ASSERT_EQ(head.count, std::min(k, i + 1));
+            const int cap = lazy_gumbel_default_max_exceeders(i + 1 - head.count, head.count);
+            const DrawSite site{5, 0, 0, (uint32_t)i};
+            for (uint32_t u = 0; u < 200; u++) {
+                int x_own = -1, x_row = -1;
+                bool fb_own = false, fb_row = false;
+                const int own = lazy_gumbel_sample(q_i, qkv.data() + C, C3, HS, tau, i + 1, topk, k, site, u, cap,
+                                                   &x_own, &fb_own);
+                const int row = lazy_gumbel_sample(q_i, qkv.data() + C, C3, HS, tau, i + 1, topk, k, site, u, cap,
+                                                   &x_row, &fb_row, nullptr, &head, true);
+                ASSERT_EQ(own, row) << "HS " << HS << " row " << i << " sample " << u;
+                ASSERT_EQ(x_own, x_row);
+                ASSERT_EQ(fb_own, fb_row);
+                compared++;
+                in_tail += std::find(topk, topk + head.count, own) == topk + head.count ? 1 : 0;
+            }
+        }
+        EXPECT_GT(in_tail, 0) << "no sample came from a tail: the walk was not exercised";
+        std::printf("  HS %d: %lld samples equal, %lld of them from the tail\n", HS, compared, in_tail);
+    }
+}
+
 TEST(LazyGumbel, MeanExceederCountIsAtMostTailOverK) {
     // E[x] <= |R_i| / k (§4.3); flat scores come closest to the bound
     const int T = 64, C = 8, NH = 1;

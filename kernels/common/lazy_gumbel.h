@@ -119,11 +119,26 @@ struct LazyGumbelHead {
 KNNGPT_HD void lazy_gumbel_head_prepare(LazyGumbelHead* head, double* cdf, const float* q_i, const float* keys,
                                         int stride, int HS, float tau, const int* topk, int k) {
     LazyGumbelHead h;
-    for (; h.count < k && topk[h.count] >= 0; h.count++) {
-        const double s = attention_score(q_i, keys + (size_t)topk[h.count] * stride, HS, tau);
-        if (cdf) cdf[h.count] = s;
-        h.s_max = s > h.s_max ? s : h.s_max;
-        h.s_min = s < h.s_min ? s : h.s_min;
+    while (h.count < k && topk[h.count] >= 0) h.count++;
+    // the scores: with a buffer, kLazyGumbelScoreBatch side by side (attention_scores: the
+    // same chains, their fma latencies overlapped; one chain at a time is ~HS * 4 cycles)
+    for (int slot0 = 0; slot0 < h.count; slot0 += (cdf ? kLazyGumbelScoreBatch : 1)) {
+        float s32[kLazyGumbelScoreBatch];
+        int count = 1;
+        if (cdf) {
+            count = h.count - slot0 < kLazyGumbelScoreBatch ? h.count - slot0 : kLazyGumbelScoreBatch;
+            const float* key_ptrs[kLazyGumbelScoreBatch];
+            for (int w = 0; w < count; w++) key_ptrs[w] = keys + (size_t)topk[slot0 + w] * stride;
+            attention_scores<kLazyGumbelScoreBatch>(s32, q_i, key_ptrs, count, HS, tau);
+        } else {
+            s32[0] = attention_score(q_i, keys + (size_t)topk[slot0] * stride, HS, tau);
+        }
+        for (int w = 0; w < count; w++) {
+            const double s = s32[w];
+            if (cdf) cdf[slot0 + w] = s;
+            h.s_max = s > h.s_max ? s : h.s_max;
+            h.s_min = s < h.s_min ? s : h.s_min;
+        }
     }
     double running = 0.0;
     for (int slot = 0; slot < h.count; slot++) {
@@ -261,15 +276,16 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         int pending = 0;
         auto compare_pending = [&]() {
             if (pending == 0) return;
-            float s32[kLazyGumbelScoreBatch];
-            attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
-            // the truncated Gumbels side by side (unused lanes repeat lane 0's draw: in range, unread)
+            // the truncated Gumbels side by side (unused lanes repeat lane 0's value: in range, unread)
             double x_t[kLazyGumbelScoreBatch], E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
-            for (int e = 0; e < kLazyGumbelScoreBatch; e++)  // x = u expm1(-e^-B); E = -log1p(x) is Exp(1) below e^-B
-                x_t[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e < pending ? e : 0]) *
-                               trunc_scale;
+            for (int e = 0; e < pending; e++)  // x = u expm1(-e^-B); E = -log1p(x) is Exp(1) below e^-B
+                x_t[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e]) * trunc_scale;
+            for (int e = pending; e < kLazyGumbelScoreBatch; e++) x_t[e] = x_t[0];
             for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(x_t[e]);
             for (int e = 0; e < kLazyGumbelScoreBatch; e++) g[e] = -sampler_log(E[e]);  // Gumbel truncated to (B, inf)
+            // scored after the draws: the prefetched key rows have had that long to arrive
+            float s32[kLazyGumbelScoreBatch];
+            attention_scores<kLazyGumbelScoreBatch>(s32, q_i, pending_ptr, pending, HS, tau);
             for (int e = 0; e < pending; e++) {
                 const double s = s32[e];
                 if (margin) {

@@ -49,18 +49,10 @@ using knngpt::LazyGumbelHead;
 using knngpt::lazy_gumbel_head_prepare;
 using knngpt::LazyGumbelTailCursor;
 
-// lazy_gumbel_sample_core (lazy_gumbel.h) after checking its arguments: sample_index
-// in range, and the top-k slots ascending distinct keys below n_i (the tail cursor
-// relies on this); on a violation one line to stderr and abort().
-inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
-                              const int* topk, int k, const DrawSite& site, uint32_t sample_index,
-                              int max_exceeders, int* exceeders, bool* fell_back, DrawMargin* margin = nullptr,
-                              const LazyGumbelHead* head = nullptr) {
-    if ((uint64_t)sample_index >= lazy_gumbel_sample_capacity(n_i)) {
-        std::fprintf(stderr, "kernels/cpu/gumbel_attention.h: sample_index %u out of range for a row of %d keys "
-                     "(expected < %llu)\n", sample_index, n_i, (unsigned long long)lazy_gumbel_sample_capacity(n_i));
-        std::abort();
-    }
+// The checks lazy_gumbel_sample makes before it samples; on a violation one line to stderr
+// and abort(). The row's: its top-k slots ascending distinct keys below n_i (the tail
+// cursor relies on this), O(k), so the samplers make it once per row.
+inline void lazy_gumbel_check_row(const int* topk, int k, int n_i) {
     for (int head = 0; head < k && topk[head] >= 0; head++) {
         const int j = topk[head];
         if (j >= n_i || (head > 0 && j <= topk[head - 1])) {
@@ -69,6 +61,25 @@ inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, i
             std::abort();
         }
     }
+}
+
+// The sample's: sample_index in range.
+inline void lazy_gumbel_check_sample_index(uint32_t sample_index, int n_i) {
+    if ((uint64_t)sample_index >= lazy_gumbel_sample_capacity(n_i)) {
+        std::fprintf(stderr, "kernels/cpu/gumbel_attention.h: sample_index %u out of range for a row of %d keys "
+                     "(expected < %llu)\n", sample_index, n_i, (unsigned long long)lazy_gumbel_sample_capacity(n_i));
+        std::abort();
+    }
+}
+
+// lazy_gumbel_sample_core (lazy_gumbel.h) after both checks. `row_checked`: the caller has
+// made lazy_gumbel_check_row for this row already (it draws several samples of it).
+inline int lazy_gumbel_sample(const float* q_i, const float* keys, int stride, int HS, float tau, int n_i,
+                              const int* topk, int k, const DrawSite& site, uint32_t sample_index,
+                              int max_exceeders, int* exceeders, bool* fell_back, DrawMargin* margin = nullptr,
+                              const LazyGumbelHead* head = nullptr, bool row_checked = false) {
+    lazy_gumbel_check_sample_index(sample_index, n_i);
+    if (!row_checked) lazy_gumbel_check_row(topk, k, n_i);
     return lazy_gumbel_sample_core(q_i, keys, stride, HS, tau, n_i, topk, k, site, sample_index, max_exceeders,
                                    exceeders, fell_back, margin, head);
 }
@@ -111,6 +122,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                     const int* topk = topk_idx + (((size_t)b * NH + h) * T + i) * k;
                     const int n_i = i + 1;
                     const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
+                    lazy_gumbel_check_row(topk, k, n_i);
                     LazyGumbelHead head;
                     lazy_gumbel_head_prepare(&head, head_cdf.data(), q_i, keys, C3, HS, tau, topk, k);
                     const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head.count, head.count);
@@ -124,7 +136,7 @@ inline void gumbel_attention_forward(float* out, const float* qkv, const int* to
                             const int J = lazy_gumbel_sample(q_i, keys, C3, HS, tau, n_i, topk, k, site,
                                                              gumbel_forward_sample_number((uint32_t)(g * t + u)),
                                                              max_exceeders, &x, &fell_back, margin_or_null,
-                                                             &head);
+                                                             &head, true);
                             const float* v_J = values + (size_t)J * C3;
                             for (int c = 0; c < HS; c++) mean[c] += v_J[c];
                             total_exceeders += x;

@@ -181,6 +181,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
             J[m] = sampled_grad_pick(cdf, n_i, uniform_open01_f64(w.x[0], w.x[1]), margin);
         }
     } else {
+        lazy_gumbel_check_row(topk, k, n_i);
         LazyGumbelHead head;  // the row's head summary, its cumulative weights in cdf[0, k)
         lazy_gumbel_head_prepare(&head, cdf, q_i, keys, stride, HS, tau, topk, k);
         const int max_exceeders = lazy_gumbel_default_max_exceeders(n_i - head.count, head.count);
@@ -189,7 +190,7 @@ inline void sampled_grad_row_samples(int* J, int count, GradSampleSource source,
             bool fell_back = false;
             J[m] = lazy_gumbel_sample(q_i, keys, stride, HS, tau, n_i, topk, k, site,
                                       sampled_grad_sample_number((uint32_t)m), max_exceeders, &x, &fell_back, margin,
-                                      &head);
+                                      &head, true);
             *exceeders += x;
             *fallbacks += fell_back ? 1 : 0;
         }
