@@ -152,4 +152,48 @@ CUDA_TEST(CudaClassifier, FusedMatchesCpuInPlace) {
     expect_close(dlogits, d_dlogits.to_host(), kTolerance, "dlogits vs backward kernel");
 }
 
+CUDA_TEST(CudaClassifier, OnlineRowStatisticsMatchCpuOnHardRows) {
+    // rows that make the online statistics rescale or skip: ascending (every element a new
+    // maximum, each lane rescales at every step), descending, a huge spread (most terms
+    // underflow), -inf entries (masked logits; never the target), and a row whose only large
+    // value sits in one lane; then a NaN and a +inf, which must give a NaN loss as on the CPU
+    std::vector<float> logits((size_t)kRows * kVp, 1e4f);  // padding columns: never read
+    std::vector<int> tgt = targets(36);
+    const std::vector<float> noise = uniform((size_t)kRows * kV, 37, -1.0f, 1.0f);
+    for (int n = 0; n < kRows; n++)
+        for (int j = 0; j < kV; j++) {
+            float x = noise[(size_t)n * kV + j];
+            if (n == 0) x = 0.25f * j;
+            if (n == 1) x = -0.25f * j;
+            if (n == 2) x *= 80.0f;
+            if (n == 3 && j % 3 == 1) x = -INFINITY;
+            if (n == 4) x = j == 37 ? 30.0f : x;
+            logits[(size_t)n * kVp + j] = x;
+        }
+    if (tgt[3] % 3 == 1) tgt[3] = tgt[3] - 1;  // a finite target
+    logits[(size_t)5 * kVp + 33] = NAN;        // lane 1's second element
+    logits[(size_t)6 * kVp + 0] = NAN;         // lane 0's first element: no maximum yet
+    logits[(size_t)7 * kVp + 40] = INFINITY;
+    const float dloss = 1.0f / kRows;
+    std::vector<float> want_losses(kRows), want_dlogits(logits.size());
+    knngpt::cpu::crossentropy_fused(want_losses.data(), want_dlogits.data(), logits.data(), tgt.data(), dloss, kRows,
+                                    kV, kVp);
+    DeviceArray<int> d_tgt(tgt);
+    DeviceArray<float> d_logits(logits), d_losses(std::vector<float>(kRows, -7.0f));
+    knngpt::cuda::crossentropy_fused(d_losses.ptr, d_logits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
+    const std::vector<float> losses = d_losses.to_host(), dlogits = d_logits.to_host();
+    for (int n = 0; n < kRows; n++) {
+        SCOPED_TRACE("row " + std::to_string(n));
+        if (n >= 5 && n <= 7) {
+            EXPECT_TRUE(std::isnan(want_losses[n])) << "the CPU twin's loss: " << want_losses[n];
+            EXPECT_TRUE(std::isnan(losses[n])) << "loss " << losses[n] << ": a non-finite logit must give NaN";
+            continue;
+        }
+        EXPECT_LE(std::fabs(losses[n] - want_losses[n]), kTolerance * std::max(1.0f, std::fabs(want_losses[n])));
+        for (int j = 0; j < kV; j++)
+            EXPECT_LE(std::fabs(dlogits[(size_t)n * kVp + j] - want_dlogits[(size_t)n * kVp + j]), kTolerance * dloss)
+                << "column " << j;
+    }
+}
+
 }  // namespace
