@@ -183,7 +183,8 @@ struct ActivationTensors {
     float* lnf;        // (B, T, C)
     float* lnf_mean;   // (B, T)
     float* lnf_rstd;   // (B, T)
-    float* logits;     // (B, T, Vp)     overwritten by dlogits in the backward (or the fused forward)
+    ops::Logit* logits;  // (B, T, Vp)   overwritten by dlogits in the backward (or the fused forward);
+                         //               ops::Logit: fp32, bf16 in the CUDA bf16 build
     float* losses;     // (B, T)
 };
 
@@ -191,19 +192,21 @@ inline std::array<size_t, NUM_ACTIVATION_TENSORS> activation_sizes(const GPTConf
     size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers, NH = c.num_heads, Vp = c.padded_vocab_size;
     return {BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * NH * BT, L * BT * C,
             L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C, L * BT * C, L * BT * C,
-            BT * C, BT, BT, BT * Vp, BT};
+            BT * C, BT, BT, (BT * Vp * sizeof(ops::Logit) + sizeof(float) - 1) / sizeof(float), BT};
 }
 
 inline ActivationTensors point_activations(float* memory, const std::array<size_t, NUM_ACTIVATION_TENSORS>& sizes) {
     ActivationTensors a;
+    float* logits = nullptr;  // the logits' slot, then typed
     float** slots[NUM_ACTIVATION_TENSORS] = {
         &a.encoded, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.atty, &a.att_lse, &a.attproj,
         &a.residual2, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch, &a.fch_gelu, &a.fcproj, &a.residual3,
-        &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.logits, &a.losses};
+        &a.lnf, &a.lnf_mean, &a.lnf_rstd, &logits, &a.losses};
     for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
         *slots[i] = memory;
         memory += sizes[i];
     }
+    a.logits = reinterpret_cast<ops::Logit*>(logits);
     return a;
 }
 
@@ -520,13 +523,16 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
     }
 }
 
-// Logits of one position of the last forward, copied to the host (Vp floats).
-// Not after a fused forward, whose logits buffer holds dlogits.
+// Logits of one position of the last forward, copied to the host as Vp floats (bf16 logits
+// widened). Not after a fused forward, whose logits buffer holds dlogits.
 inline void gpt_logits_at(const GPT& model, int b, int t, float* host_logits) {
     if (model.dlogits_ready)
         throw std::runtime_error("logits: the last forward was fused (fused_dloss > 0), the logits buffer holds dlogits");
-    size_t offset = ((size_t)b * model.cur_T + t) * model.config.padded_vocab_size;
-    ops::copy_to_host(host_logits, model.acts.logits + offset, model.config.padded_vocab_size * sizeof(float));
+    const int Vp = model.config.padded_vocab_size;
+    size_t offset = ((size_t)b * model.cur_T + t) * Vp;
+    std::vector<ops::Logit> row(Vp);
+    ops::copy_to_host(row.data(), model.acts.logits + offset, Vp * sizeof(ops::Logit));
+    for (int v = 0; v < Vp; v++) host_logits[v] = ops::logit_value(row[v]);
 }
 
 inline void gpt_zero_grad(GPT& model) {
@@ -584,7 +590,7 @@ inline void gpt_backward(GPT& model, float dloss, bool last_micro_batch = false)
     ops::device_zero(ga.residual, (size_t)N * C * sizeof(float));
 
     // classifier: dlogits overwrite the logits in place (already done by a fused forward)
-    float* dlogits = a.logits;
+    ops::Logit* dlogits = a.logits;
     if (!model.dlogits_ready) ops::crossentropy_softmax_backward(dlogits, a.logits, model.targets, dloss, N, V, Vp);
     ops::matmul_backward(ga.ln, g.wte, nullptr, dlogits, a.lnf, p.wte, N, C, Vp);
     float* last_residual = a.residual3 + (L - 1) * BTa * C;
@@ -697,14 +703,15 @@ inline float gpt_update(GPT& model, float lr, const AdamWConfig& opt, int t) {
 // the host one by one, so call them only once a fault is known (a non-finite
 // loss or gradient norm), never on the way of a healthy step.
 
-// Does the device range [x, x + n) hold a NaN or inf?
-inline bool device_has_nonfinite(const float* x, size_t n) {
-    std::vector<float> host(std::min<size_t>(n, (size_t)1 << 20));
+// Does the device range [x, x + n) hold a NaN or inf? (floats, or the logits' type)
+template <class Element>
+inline bool device_has_nonfinite(const Element* x, size_t n) {
+    std::vector<Element> host(std::min<size_t>(n, (size_t)1 << 20));
     for (size_t done = 0; done < n; done += host.size()) {
         const size_t count = std::min(host.size(), n - done);
-        ops::copy_to_host(host.data(), x + done, count * sizeof(float));
+        ops::copy_to_host(host.data(), x + done, count * sizeof(Element));
         for (size_t i = 0; i < count; i++)
-            if (!std::isfinite(host[i])) return true;
+            if (!std::isfinite(ops::logit_value(host[i]))) return true;
     }
     return false;
 }

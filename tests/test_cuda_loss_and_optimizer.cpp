@@ -196,4 +196,45 @@ CUDA_TEST(CudaClassifier, OnlineRowStatisticsMatchCpuOnHardRows) {
     }
 }
 
+// bf16 logits (the bf16 build): the kernels read them widened and compute in fp32, so on
+// the same values they match the CPU twin as the fp32 kernels do; dlogits are stored rounded
+// (relative error <= 2^-8: bf16 keeps 8 significant bits). Against the fp32 logits they were
+// rounded from, the loss moves by at most 2^-7 max |logit| (classifier.cuh's bound), checked
+// here with logits up to 8.
+CUDA_TEST(CudaClassifier, Bf16LogitsMatchCpuOnTheirValuesAndTheBoundOnTheFp32Ones) {
+    std::vector<float> logits = padded_logits(40);
+    for (float& x : logits) x = x < 100.0f ? 2.0f * x : x;  // |x| <= 8, the padding kept
+    const std::vector<int> tgt = targets(41);
+    const float dloss = 1.0f / kRows;
+    std::vector<__nv_bfloat16> logits16(logits.size());
+    std::vector<float> widened(logits.size());
+    for (size_t i = 0; i < logits.size(); i++) {
+        logits16[i] = __float2bfloat16(logits[i]);
+        widened[i] = __bfloat162float(logits16[i]);
+    }
+    std::vector<float> want_losses(kRows), want_dlogits(logits.size()), fp32_losses(kRows);
+    knngpt::cpu::crossentropy_fused(want_losses.data(), want_dlogits.data(), widened.data(), tgt.data(), dloss, kRows,
+                                    kV, kVp);
+    knngpt::cpu::crossentropy_forward(fp32_losses.data(), logits.data(), tgt.data(), kRows, kV, kVp);
+
+    DeviceArray<int> d_tgt(tgt);
+    DeviceArray<__nv_bfloat16> d_logits(logits16), d_forward_logits(logits16);
+    DeviceArray<float> d_losses(std::vector<float>(kRows, -7.0f)), d_forward_losses(std::vector<float>(kRows, -7.0f));
+    knngpt::cuda::crossentropy_forward(d_forward_losses.ptr, d_forward_logits.ptr, d_tgt.ptr, kRows, kV, kVp);
+    knngpt::cuda::crossentropy_fused(d_losses.ptr, d_logits.ptr, d_logits.ptr, d_tgt.ptr, dloss, kRows, kV, kVp);
+    const std::vector<float> losses = d_losses.to_host();
+    const std::vector<__nv_bfloat16> dlogits = d_logits.to_host();
+    expect_close(losses, want_losses, kTolerance, "losses on the bf16 values");
+    expect_close(d_forward_losses.to_host(), want_losses, kTolerance, "forward losses on the bf16 values");
+    for (int n = 0; n < kRows; n++) {
+        float largest = 0.0f;
+        for (int j = 0; j < kV; j++) largest = std::max(largest, std::fabs(logits[(size_t)n * kVp + j]));
+        EXPECT_LE(std::fabs(losses[n] - fp32_losses[n]), 0x1p-7f * largest + 1e-5f) << "row " << n;
+        for (int j = 0; j < kVp; j++) {
+            const float got = __bfloat162float(dlogits[(size_t)n * kVp + j]), want = want_dlogits[(size_t)n * kVp + j];
+            EXPECT_LE(std::fabs(got - want), 0x1p-8f * std::fabs(want) + kTolerance * dloss) << n << "," << j;
+        }
+    }
+}
+
 }  // namespace

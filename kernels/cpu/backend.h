@@ -32,6 +32,10 @@ namespace knngpt::cpu {
 
 constexpr const char* BACKEND_NAME = "cpu (fp32, OpenMP + OpenBLAS)";
 
+// The type of the logits buffer (the CUDA bf16 build's is bf16) and a logit as a float.
+using Logit = float;
+inline float logit_value(float x) { return x; }
+
 template <class Tp>
 Tp* device_alloc(size_t count) {
     // 64-byte alignment for vector loads; aligned_alloc needs a multiple of it

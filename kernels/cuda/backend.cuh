@@ -8,7 +8,8 @@
 // whole-model test). Pointers the model hands to these ops are device pointers.
 //
 // Precision. Parameters, gradients, AdamW state and activations are fp32 in
-// every build, as are our own kernels but one: exact attention, which the
+// every build but the logits, bf16 by default (Logit, below); our own kernels
+// compute in fp32 but one: exact attention, which the
 // default build runs on tensor cores where the head size allows (attention_exact.cuh). The matmuls (kernels/cuda/matmul.cuh)
 // run bf16 operands with fp32 accumulation by default, the weights read from a
 // bf16 copy of the parameters that AdamW keeps (register_parameters,
@@ -59,8 +60,18 @@ using knngpt::TopkIndex;
 #if defined(KNNGPT_FP32)
 #define KNNGPT_MATMUL_PRECISION "fp32"
 #else
-#define KNNGPT_MATMUL_PRECISION "bf16 matmuls, fp32 rest"
+#define KNNGPT_MATMUL_PRECISION "bf16 matmuls and logits, fp32 rest"
 #endif
+// The type of the logits buffer: fp32, or bf16 in the bf16 build, where the logits GEMM
+// stores its result rounded to bf16 and the classifier reads it and writes dlogits back in
+// bf16 (classifier.cuh: the loss within 2^-7 max |logit| of the fp32 logits'), halving the
+// largest activation; logit_value (classifier.cuh) reads one as a float, on the host too.
+#if defined(KNNGPT_FP32)
+using Logit = float;
+#else
+using Logit = __nv_bfloat16;
+#endif
+
 #if defined(KNNGPT_CUDA_EMU)
 constexpr const char* BACKEND_NAME = "cuda (" KNNGPT_MATMUL_PRECISION ") under the CPU emulator";
 #else

@@ -34,21 +34,30 @@ namespace knngpt::cuda {
 constexpr int kConvertThreads = 256;
 constexpr int kConvertMaxBlocks = 1024;  // larger arrays: the conversion grid-strides
 
-// out[i] = inp[i] rounded to bf16 (nearest, ties to even), grid-stride loop.
-__global__ void convert_to_bf16_kernel(__nv_bfloat16* out, const float* inp, size_t count) {
+// One value converted: float to bf16 rounded to nearest (ties to even), bf16 to float exactly.
+__device__ __forceinline__ void convert_value(__nv_bfloat16* out, float x) { *out = __float2bfloat16(x); }
+__device__ __forceinline__ void convert_value(float* out, __nv_bfloat16 x) { *out = __bfloat162float(x); }
+
+// out[i] = inp[i] converted, grid-stride loop.
+template <class Out, class In>
+__global__ void convert_kernel(Out* out, const In* inp, size_t count) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
-        out[i] = __float2bfloat16(inp[i]);
-    }
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) convert_value(out + i, inp[i]);
 }
 
-// out = bf16(inp), count values, device pointers.
-inline void convert_to_bf16(__nv_bfloat16* out, const float* inp, size_t count) {
+template <class Out, class In>
+inline void convert(Out* out, const In* inp, size_t count) {
     if (count == 0) return;
     const size_t blocks = ceil_div(count, (size_t)kConvertThreads);
     const unsigned grid = (unsigned)(blocks < (size_t)kConvertMaxBlocks ? blocks : kConvertMaxBlocks);
-    launch(convert_to_bf16_kernel, grid, kConvertThreads, 0, nullptr, out, inp, count);
+    launch(convert_kernel<Out, In>, grid, kConvertThreads, 0, nullptr, out, inp, count);
 }
+
+// out = bf16(inp), count values, device pointers.
+inline void convert_to_bf16(__nv_bfloat16* out, const float* inp, size_t count) { convert(out, inp, count); }
+
+// out = float(inp), count values, device pointers.
+inline void convert_from_bf16(float* out, const __nv_bfloat16* inp, size_t count) { convert(out, inp, count); }
 
 struct Bf16ParameterCopy {
     const float* params = nullptr;  // the registered fp32 buffer

@@ -21,7 +21,7 @@
 //         in fp32 and the outputs stay fp32 (out, and dinp/dweight += ...);
 //         the bias add and dbias (a sum of the fp32 dout) are fp32 in both
 //         modes. The signatures are the same in both modes: the rounding
-//         happens inside, by convert_to_bf16_kernel into a scratch buffer.
+//         happens inside, by convert_to_bf16 (bf16_parameters.cuh) into a scratch buffer.
 //         A weight that is a registered parameter is read from the bf16
 //         copy of the parameters (bf16_parameters.cuh, kept by AdamW), any
 //         other operand is converted on every call.
@@ -29,9 +29,9 @@
 // Tests set matmul_precision() at run time to test both modes.
 //
 // Error of BF16 mode. bf16 keeps 8 significant bits, so each rounded operand
-// carries a relative error <= 2^-9, each product a_k b_k of two rounded
-// operands <= ~2^-8 (2^-9 + 2^-9 + 2^-18), and a sum over k
-//   |bf16 result - fp32 result| <= ~2^-8 sum_k |a_k b_k|  + fp32 accumulation error.
+// carries a relative error <= 2^-8 (half a unit in its last place), each product
+// a_k b_k of two rounded operands <= ~2^-7 (2^-8 + 2^-8 + 2^-16), and a sum over k
+//   |bf16 result - fp32 result| <= ~2^-7 sum_k |a_k b_k|  + fp32 accumulation error.
 // A product of two bf16 values (8 + 8 significant bits) is exact in fp32, so
 // the only rounding after the conversion is that of the fp32 accumulation.
 //
@@ -184,7 +184,8 @@ __global__ void matmul_bias_add_kernel(float* out, const float* bias, int N, int
 // picks column o of tile blockIdx.x (a warp reads 32 adjacent floats of a
 // row), threadIdx.y a stripe of the chunk's rows; a shared-memory tree in a
 // fixed order finishes the block's column.
-__global__ void matmul_dbias_partial_kernel(float* partial, const float* dout, int N, int OC) {
+template <class Dout>
+__global__ void matmul_dbias_partial_kernel(float* partial, const Dout* dout, int N, int OC) {
     __shared__ float stripe_sum[kMatmulDbiasStripes][32];
     const int o = blockIdx.x * 32 + threadIdx.x;
     const int chunk = blockIdx.y;
@@ -192,7 +193,7 @@ __global__ void matmul_dbias_partial_kernel(float* partial, const float* dout, i
     float sum = 0.0f;
     if (o < OC) {
         for (int n = chunk * kMatmulDbiasChunkRows + threadIdx.y; n < row_end; n += kMatmulDbiasStripes)
-            sum += dout[(size_t)n * OC + o];
+            sum += (float)dout[(size_t)n * OC + o];
     }
     stripe_sum[threadIdx.y][threadIdx.x] = sum;
     __syncthreads();
@@ -300,6 +301,7 @@ struct GemmKey {
     int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;
     GemmEpilogueKind epilogue = GemmEpilogueKind::None;
     uint32_t align_a = 0, align_b = 0, align_c = 0, align_bias = 0, align_gelu_input = 0;  // 0: no such pointer
+    bool c_bf16 = false;  // C (and D) bf16 instead of fp32 (BF16 precision, no epilogue)
     uint64_t workspace_bytes = 0;
     int device = 0;
 
@@ -307,7 +309,8 @@ struct GemmKey {
         return precision == o.precision && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n &&
                k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc && epilogue == o.epilogue &&
                align_a == o.align_a && align_b == o.align_b && align_c == o.align_c && align_bias == o.align_bias &&
-               align_gelu_input == o.align_gelu_input && workspace_bytes == o.workspace_bytes && device == o.device;
+               align_gelu_input == o.align_gelu_input && c_bf16 == o.c_bf16 && workspace_bytes == o.workspace_bytes &&
+               device == o.device;
     }
 };
 
@@ -316,6 +319,7 @@ struct GemmKeyHash {
         uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
         auto mix = [&h](uint64_t value) { h = (h ^ value) * 1099511628211ull; };
         mix((uint64_t)key.precision);
+        mix((uint64_t)key.c_bf16);
         mix((uint64_t)key.trans_a << 1 | (uint64_t)key.trans_b);
         for (int v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix((uint32_t)v);
         mix((uint64_t)key.epilogue);
@@ -327,7 +331,8 @@ struct GemmKeyHash {
 };
 
 inline GemmKey gemm_key(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
-                        int lda, const void* B, int ldb, const float* C, int ldc, const GemmEpilogue& epilogue) {
+                        int lda, const void* B, int ldb, const void* C, int ldc, const GemmEpilogue& epilogue,
+                        bool c_bf16) {
     GemmKey key;
     key.precision = precision;
     key.trans_a = trans_a;
@@ -344,6 +349,7 @@ inline GemmKey gemm_key(MatmulPrecision precision, bool trans_a, bool trans_b, i
     key.align_c = pointer_alignment(C);
     key.align_bias = epilogue.bias ? pointer_alignment(epilogue.bias) : 0;
     key.align_gelu_input = epilogue.gelu_input ? pointer_alignment(epilogue.gelu_input) : 0;
+    key.c_bf16 = c_bf16;
     key.workspace_bytes = kMatmulWorkspaceBytes;
     CUDA_CHECK(cudaGetDevice(&key.device));
     return key;
@@ -457,7 +463,8 @@ inline GemmPlan build_gemm_plan(MatmulLibrary& library, const GemmKey& key) {
         cublasLtMatrixLayoutCreate(&plan.layout_a, ab_type, key.trans_a ? k : m, key.trans_a ? m : k, key.lda));
     KNNGPT_CUBLAS_CHECK(
         cublasLtMatrixLayoutCreate(&plan.layout_b, ab_type, key.trans_b ? n : k, key.trans_b ? k : n, key.ldb));
-    KNNGPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.layout_c, CUDA_R_32F, m, n, key.ldc));
+    KNNGPT_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&plan.layout_c, key.c_bf16 ? CUDA_R_16BF : CUDA_R_32F, m, n, key.ldc));
     cublasLtMatmulPreference_t preference = nullptr;
     KNNGPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     const uint64_t workspace_bytes = key.workspace_bytes;
@@ -518,11 +525,16 @@ inline const GemmPlan& gemm_plan(const GemmKey& key) {
 
 // C = op(A) op(B) + beta C and the epilogue, as the plan describes them, on
 // this call's pointers (alpha = 1).
-inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, float beta, float* C,
+inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, float beta, void* C_out,
                           const GemmEpilogue& epilogue) {
     const float alpha = 1.0f;
 #if defined(KNNGPT_CUDA_EMU)
     const GemmKey& d = plan.described;
+    // a bf16 C: the fp32 product in a host vector (beta = 0), rounded into C at the end, as the
+    // library rounds its fp32 accumulators when it stores D
+    static std::vector<float> product;
+    if (d.c_bf16) product.assign((size_t)d.ldc * d.n, 0.0f);
+    float* C = d.c_bf16 ? product.data() : static_cast<float*>(C_out);
     const float* a = static_cast<const float*>(A);
     const float* b = static_cast<const float*>(B);
     if (d.precision == MatmulPrecision::BF16) {
@@ -546,7 +558,13 @@ inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, fl
             C[at] = x;
         }
     }
+    if (d.c_bf16) {
+        __nv_bfloat16* out = static_cast<__nv_bfloat16*>(C_out);
+        for (int j = 0; j < d.n; j++)
+            for (int i = 0; i < d.m; i++) out[(size_t)j * d.ldc + i] = __float2bfloat16(C[(size_t)j * d.ldc + i]);
+    }
 #else
+    void* C = C_out;
     MatmulLibrary& library = matmul_library();
     if (epilogue.bias) {
         KNNGPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -569,12 +587,19 @@ inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, fl
 // when the library has no algorithm for the epilogue (the caller then runs the
 // GEMM without it and our own kernels).
 inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b, int m, int n, int k, const void* A,
-                           int lda, const void* B, int ldb, float beta, float* C, int ldc,
-                           const GemmEpilogue& epilogue = GemmEpilogue{}) {
+                           int lda, const void* B, int ldb, float beta, void* C, int ldc,
+                           const GemmEpilogue& epilogue = GemmEpilogue{}, bool c_bf16 = false) {
     if (m == 0 || n == 0) return true;
+    if (c_bf16 && (precision != MatmulPrecision::BF16 || beta != 0.0f || !epilogue.empty())) {
+        std::fprintf(stderr, "%s:%d: matmul: a bf16 C needs bf16 operands, beta = 0 and no epilogue\n", __FILE__,
+                     __LINE__);
+        std::exit(1);
+    }
+    const size_t c_size = c_bf16 ? sizeof(__nv_bfloat16) : sizeof(float);
     if (k == 0 && epilogue.empty()) {  // empty sum: C = beta C
         if (beta == 0.0f) {
-            for (int j = 0; j < n; j++) CUDA_CHECK(cudaMemset(C + (size_t)j * ldc, 0, (size_t)m * sizeof(float)));
+            for (int j = 0; j < n; j++)
+                CUDA_CHECK(cudaMemset(static_cast<char*>(C) + (size_t)j * ldc * c_size, 0, (size_t)m * c_size));
         }
         return true;
     }
@@ -583,7 +608,8 @@ inline bool gemm_col_major(MatmulPrecision precision, bool trans_a, bool trans_b
         std::fprintf(stderr, "%s:%d: matmul: an epilogue needs beta = 0\n", __FILE__, __LINE__);
         std::exit(1);
     }
-    const GemmPlan& plan = gemm_plan(gemm_key(precision, trans_a, trans_b, m, n, k, A, lda, B, ldb, C, ldc, epilogue));
+    const GemmPlan& plan =
+        gemm_plan(gemm_key(precision, trans_a, trans_b, m, n, k, A, lda, B, ldb, C, ldc, epilogue, c_bf16));
     if (!plan.has_algorithm) return false;
 #if !defined(KNNGPT_CUDA_EMU)
     int timed = -1;  // KNNGPT_KERNEL_TIMES: the GEMM named by its shape (kernels/cuda/kernel_times.h)
@@ -655,6 +681,60 @@ inline void matmul_forward_gelu(float* out_gelu, float* pre_gelu, const float* i
     matmul_forward_epilogue(pre_gelu, out_gelu, inp, weight, bias, N, C, OC);
 }
 
+// out = inp @ weight^T into a bf16 output (the bf16 build's logits: no bias). BF16 precision:
+// the library stores its fp32 accumulators rounded to bf16 (round to nearest even), so out
+// is the fp32 matmul_forward's result rounded, bit for bit under the emulator. FP32
+// precision (tests): the library has no fp32-operand, bf16-output GEMM, so the fp32
+// product goes through a scratch buffer and convert_to_bf16: the same rounding.
+inline void matmul_forward(__nv_bfloat16* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                           int OC) {
+    if (bias != nullptr) {
+        std::fprintf(stderr, "%s:%d: matmul_forward: a bf16 output takes no bias\n", __FILE__, __LINE__);
+        std::exit(1);
+    }
+    if (N == 0 || OC == 0) return;
+    if (matmul_precision() == MatmulPrecision::BF16) {
+        const void* a = detail::weight_to_bf16(0, weight, (size_t)OC * C);
+        const void* b = detail::to_bf16(1, inp, (size_t)N * C);
+        detail::gemm_col_major(MatmulPrecision::BF16, true, false, OC, N, C, a, C, b, C, 0.0f, out, OC,
+                               detail::GemmEpilogue{}, true);
+        return;
+    }
+    static DeviceScratch product;  // (N, OC) floats, grown on demand, like the bf16 scratch
+    float* fp32_out = static_cast<float*>(product.get((size_t)N * OC * sizeof(float)));
+    matmul_forward(fp32_out, inp, weight, nullptr, N, C, OC);
+    convert_to_bf16(out, fp32_out, (size_t)N * OC);
+}
+
+namespace detail {
+
+// matmul_backward's two GEMMs, dout given as the GEMM operand of `precision` (fp32, or bf16)
+inline void matmul_backward_gemms(MatmulPrecision precision, float* dinp, float* dweight, const void* dout_operand,
+                                  const float* inp, const float* weight, int N, int C, int OC) {
+    const bool bf16 = precision == MatmulPrecision::BF16;
+    // slot 1 holds weight, then inp (the stream orders the second conversion after the first GEMM)
+    const void* weight_operand = bf16 ? (const void*)weight_to_bf16(1, weight, (size_t)OC * C) : weight;
+    // dinp^T (C, N) = weight^T (C, OC) . dout^T (OC, N)
+    gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 0.0f, dinp, C);
+    const void* inp_operand = bf16 ? (const void*)to_bf16(1, inp, (size_t)N * C) : inp;
+    // dweight^T (C, OC) += inp^T (C, N) . dout (N, OC)
+    gemm_col_major(precision, false, true, C, OC, N, inp_operand, C, dout_operand, OC, 1.0f, dweight, C);
+}
+
+// dbias += sum_n dout[n, :] in two passes (see "dbias" in the file header): chunk partial
+// sums, then their fixed-order sum; dout fp32 or bf16 (widened, exactly)
+template <class Dout>
+inline void matmul_dbias(float* dbias, const Dout* dout, int N, int OC) {
+    static DeviceScratch dbias_partial;  // (chunks, OC) floats, grown on demand, like the bf16 scratch
+    const int chunks = ceil_div(N, kMatmulDbiasChunkRows);
+    float* partial = static_cast<float*>(dbias_partial.get((size_t)chunks * OC * sizeof(float)));
+    launch(matmul_dbias_partial_kernel<Dout>, dim3(ceil_div(OC, 32), chunks), dim3(32, kMatmulDbiasStripes), 0,
+           nullptr, partial, dout, N, OC);
+    add_chunk_sums(dbias, partial, chunks, OC);
+}
+
+}  // namespace detail
+
 // dinp = dout @ weight (overwritten: the GEMM's beta is 0, dinp is not read);
 // dweight += dout^T @ inp and dbias += sum_n dout[n, :] (accumulated).
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -664,24 +744,32 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
         return;
     }
     const MatmulPrecision precision = matmul_precision();
-    const bool bf16 = precision == MatmulPrecision::BF16;
-    // dout is an operand of both GEMMs: rounded once, in slot 0; slot 1 holds
-    // weight, then inp (the stream orders the second conversion after the first GEMM)
-    const void* dout_operand = bf16 ? (const void*)detail::to_bf16(0, dout, (size_t)N * OC) : dout;
-    const void* weight_operand = bf16 ? (const void*)detail::weight_to_bf16(1, weight, (size_t)OC * C) : weight;
-    // dinp^T (C, N) = weight^T (C, OC) . dout^T (OC, N)
-    detail::gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 0.0f, dinp, C);
-    const void* inp_operand = bf16 ? (const void*)detail::to_bf16(1, inp, (size_t)N * C) : inp;
-    // dweight^T (C, OC) += inp^T (C, N) . dout (N, OC)
-    detail::gemm_col_major(precision, false, true, C, OC, N, inp_operand, C, dout_operand, OC, 1.0f, dweight, C);
-    if (dbias == nullptr) return;
-    // dbias in two passes (see "dbias" in the file header): chunk partial sums, then their fixed-order sum
-    static DeviceScratch dbias_partial;  // (chunks, OC) floats, grown on demand, like the bf16 scratch
-    const int chunks = ceil_div(N, kMatmulDbiasChunkRows);
-    float* partial = static_cast<float*>(dbias_partial.get((size_t)chunks * OC * sizeof(float)));
-    launch(matmul_dbias_partial_kernel, dim3(ceil_div(OC, 32), chunks), dim3(32, kMatmulDbiasStripes), 0, nullptr,
-           partial, dout, N, OC);
-    add_chunk_sums(dbias, partial, chunks, OC);
+    // dout is an operand of both GEMMs: rounded once, in slot 0
+    const void* dout_operand =
+        precision == MatmulPrecision::BF16 ? (const void*)detail::to_bf16(0, dout, (size_t)N * OC) : dout;
+    detail::matmul_backward_gemms(precision, dinp, dweight, dout_operand, inp, weight, N, C, OC);
+    if (dbias != nullptr) detail::matmul_dbias(dbias, dout, N, OC);
+}
+
+// The same with a bf16 dout (the bf16 build's dlogits): in BF16 precision dout is the GEMM
+// operand as it is (the float version would round it to these very values), in FP32
+// precision (tests) it is widened, exactly, first. dbias sums the widened values.
+inline void matmul_backward(float* dinp, float* dweight, float* dbias, const __nv_bfloat16* dout, const float* inp,
+                            const float* weight, int N, int C, int OC) {
+    if (N == 0 || OC == 0) {
+        if (N > 0 && C > 0) CUDA_CHECK(cudaMemset(dinp, 0, (size_t)N * C * sizeof(float)));
+        return;
+    }
+    const MatmulPrecision precision = matmul_precision();
+    const void* dout_operand = dout;
+    if (precision == MatmulPrecision::FP32) {
+        static DeviceScratch widened;  // (N, OC) floats, grown on demand
+        float* w = static_cast<float*>(widened.get((size_t)N * OC * sizeof(float)));
+        convert_from_bf16(w, dout, (size_t)N * OC);
+        dout_operand = w;
+    }
+    detail::matmul_backward_gemms(precision, dinp, dweight, dout_operand, inp, weight, N, C, OC);
+    if (dbias != nullptr) detail::matmul_dbias(dbias, dout, N, OC);
 }
 
 // How the GEMM plan cache has been used (hits, misses, evictions, plans held).
