@@ -193,6 +193,45 @@ struct RunningMean {
 // The list kernel
 // ---------------------------------------------------------------------------
 
+// The kernels' batched inner loops: eight dot products side by side (on AVX-512, their
+// pairwise reductions eight at a time in vector registers) equal eight lone ones bit for
+// bit (the same products and sums; only the additions of the reduction are regrouped
+// across slots), and the register-tiled weighted sum is the weighted sum (to fp32
+// rounding: whether its multiply-adds fuse is the compiler's choice), for head sizes
+// around the 16- and 128-channel tiles.
+TEST(SparseAttention, BatchedInnerLoopsEqualTheirOneAtATimeForms) {
+    std::mt19937 gen(5);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int n : {1, 7, 15, 16, 17, 64, 72, 127, 128, 130, 300}) {
+        vector<float> a(n), rows((size_t)9 * n), w(9);
+        for (float& x : a) x = u(gen);
+        for (float& x : rows) x = u(gen);
+        for (float& x : w) x = u(gen);
+        const float* b[8];
+        for (int r = 0; r < 8; r++) b[r] = rows.data() + (size_t)r * n;
+        float side_by_side[8];
+        cpu::sparse_dots<8>(side_by_side, a.data(), b, n);
+        for (int r = 0; r < 8; r++) {
+            const float lone = cpu::sparse_dot(a.data(), b[r], n);
+            EXPECT_EQ(std::memcmp(&side_by_side[r], &lone, sizeof lone), 0) << "n=" << n << " slot " << r;
+        }
+        for (int slots : {1, 5, 9}) {
+            const float* x[9];
+            for (int t = 0; t < slots; t++) x[t] = rows.data() + (size_t)((t * 4) % 9) * n;
+            vector<float> tiled(n);
+            cpu::sparse_weighted_row_sum(tiled.data(), w.data(), x, slots, n);
+            for (int c = 0; c < n; c++) {
+                double sum = 0.0, size = 0.0;
+                for (int t = 0; t < slots; t++) {
+                    sum += (double)w[t] * x[t][c];
+                    size += std::fabs((double)w[t] * x[t][c]);
+                }
+                EXPECT_NEAR(tiled[c], sum, 1e-6 * size + 1e-30) << "n=" << n << " slots=" << slots << " c=" << c;
+            }
+        }
+    }
+}
+
 TEST(SparseAttention, ListsHoldingEveryKeyGiveExactAttentionForwardAndBackward) {
     // k >= T: every row lists all of 0..i (then -1 padding); T = 70 spans two exact-kernel query blocks.
     const Shape s{2, 70, 64, 2};
