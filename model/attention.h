@@ -69,7 +69,8 @@ struct AttnConfig {
     bool uses_topk_index() const { return mode != AttnMode::Exact || sampled_from_lazy_gumbel(); }
     // is the index approximate (its lists need not be the exact top k)?
     bool index_is_approximate() const {
-        return index == ops::TopkIndex::Lsh || index == ops::TopkIndex::Cluster || index == ops::TopkIndex::Heavy;
+        return index == ops::TopkIndex::Lsh || index == ops::TopkIndex::Cluster || index == ops::TopkIndex::Heavy ||
+               index == ops::TopkIndex::Ivf;
     }
 };
 
@@ -91,6 +92,7 @@ inline const char* attn_index_name(ops::TopkIndex i) {
         case ops::TopkIndex::Cluster: return "cluster";
         case ops::TopkIndex::Int8: return "int8";
         case ops::TopkIndex::Heavy: return "heavy";
+        case ops::TopkIndex::Ivf: return "ivf";
     }
     return "?";
 }
@@ -111,7 +113,7 @@ enum class AttnProblem {
     KmvAlphaWithoutKmv,       // a kmv alpha other than 1/3 with a mode other than kmv
     GradSamplesBelowOne,      // grad_samples < 1
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
-    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster, heavy):
+    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster, heavy, ivf):
                                 // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
     GumbelWithoutSampledGrad,   // gumbel has no exact gradient (its samples are discrete)
     KmvNotInBuild,              // this backend has no kmv kernels
@@ -157,7 +159,7 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::KmvAlphaWithoutKmv: return "a kmv alpha with a mode other than kmv";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
-        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster, heavy)";
+        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster, heavy, ivf)";
         case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
         case AttnProblem::KmvNotInBuild: return "kmv, which this build has no kernels for";
         case AttnProblem::IndexNotInBuild: return "a top-k index this build has no kernels for";

@@ -366,7 +366,7 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.kmv_threshold = (KmvThreshold)header[62];
     a.kmv_levels = header[63] == 0 ? 1 : header[63];  // 0 in files written before the field
     if (header[64] != 0) std::memcpy(&a.kmv_alpha, header + 64, sizeof(float));  // else [P2]'s 1/3
-    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Heavy ||
+    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Ivf ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative ||
         !kmv_width_levels_ok(a.kmv_levels) || !kmv_alpha_ok(a.kmv_alpha))

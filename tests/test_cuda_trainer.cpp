@@ -248,6 +248,7 @@ TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
         {" --attn knn --attn-index lsh", "not available in the CUDA build"},
         {" --attn knn --attn-index cluster", "not available in the CUDA build"},
         {" --attn knn --attn-index heavy", "--attn-index heavy is not available in the CUDA build"},
+        {" --attn knn --attn-index ivf", "--attn-index ivf is not available in the CUDA build"},
         {" --attn knn-tail --attn-k 4 --attn-tail 2 --attn-index lsh", "not available in the CUDA build"},
         {" --attn gumbel --attn-grad sampled --attn-gumbel-groups 17", "--attn-gumbel-groups 17"}};
     for (const auto& [extra, message] : cases) {

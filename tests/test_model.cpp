@@ -382,12 +382,15 @@ TEST(Model, SetAttentionRefusesInvalidConfigurations) {
     lazy_on_cluster.index = ops::TopkIndex::Cluster;
     AttnConfig lazy_on_heavy = lazy_on_lsh;
     lazy_on_heavy.index = ops::TopkIndex::Heavy;
+    AttnConfig lazy_on_ivf = lazy_on_lsh;
+    lazy_on_ivf.index = ops::TopkIndex::Ivf;
     AttnConfig ignored_tail;
     ignored_tail.mode = AttnMode::Knn;
     ignored_tail.tail = 3;
     AttnConfig kmv_without_light;
     kmv_without_light.mode = AttnMode::Kmv;
-    for (const AttnConfig& bad : {gumbel, lazy_on_lsh, lazy_on_cluster, lazy_on_heavy, ignored_tail, kmv_without_light}) {
+    for (const AttnConfig& bad :
+         {gumbel, lazy_on_lsh, lazy_on_cluster, lazy_on_heavy, lazy_on_ivf, ignored_tail, kmv_without_light}) {
         EXPECT_NE(attn_config_problem(bad), AttnProblem::None) << attn_description(bad);
         EXPECT_THROW(gpt_set_attention(model, bad), std::invalid_argument) << attn_description(bad);
     }

@@ -7,8 +7,9 @@
 //   - attention_dot itself for the 8-lane panel routines, bit for bit per lane;
 //   - on small-integer inputs every fp32 score is an exact integer, so there the
 //     reference uses exact double dot products and ties are genuine;
-//   - for cluster, brute force itself with a budget of every key, causality as
-//     independence from the future keys, and a recall floor on clustered keys;
+//   - for cluster and ivf, brute force itself with a budget of every key, causality as
+//     independence from the future keys, and a recall floor on clustered keys; for ivf
+//     also its clusters and each row recomputed from their definitions;
 //   - for lsh, the candidate rule re-derived from the hash codes (lsh_codes), and
 //     the hashing itself checked statistically: hyperplane entries standard
 //     Gaussian, and SimHash's bit-collision probability 1 - angle / pi.
@@ -194,6 +195,20 @@ vector<int> run_heavy(const vector<float>& qkv, const Shape& s, int k,
     vector<int> idx(s.idx_size(k), -7);
     cpu::causal_topk_heavy(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
     return idx;
+}
+vector<int> run_ivf(const vector<float>& qkv, const Shape& s, int k, const cpu::TopkIvfParams& p = cpu::TopkIvfParams(),
+                    cpu::TopkStats* stats = nullptr) {
+    vector<int> idx(s.idx_size(k), -7);
+    cpu::causal_topk_ivf(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
+    return idx;
+}
+// small epochs and clusters, so that short sequences have several epochs
+cpu::TopkIvfParams small_ivf_params(int budget) {
+    cpu::TopkIvfParams p;
+    p.first_epoch = 64;
+    p.cluster_size = 16;
+    p.budget = budget;
+    return p;
 }
 cpu::TopkHeavyParams heavy_params(int prev_queries, int recent) {
     cpu::TopkHeavyParams p;
@@ -1250,43 +1265,65 @@ TEST(TopkLsh, BitsCollideWithProbabilityOneMinusAngleOverPi) {
 // ---------------------------------------------------------------------------
 // cluster
 
-TEST(TopkCluster, ReturnsWellFormedCausalRowsOnEdgeShapes) {
-    // T = 1..5 (k >= T included), head sizes 1, 7 and 64, and sequences crossing block edges
-    for (int T : {1, 2, 3, 4, 5, 63, 64, 65, 200, 333}) {
+// Well-formed causal rows from index(qkv, s, k, budget) (budgets 0, 8, 1000) and from its
+// defaults, on sequences of the given lengths (T = 1..5: k >= T included; and across the
+// index's block or epoch edges), head sizes 1, 7 and 64; sequences of at most 64 keys are
+// brute force.
+using BudgetIndex = std::function<vector<int>(const vector<float>&, const Shape&, int, int)>;
+void expect_well_formed_rows_on_edge_shapes(const BudgetIndex& index,
+                                            const std::function<vector<int>(const vector<float>&, const Shape&, int)>& defaults,
+                                            std::initializer_list<int> lengths, unsigned seed) {
+    for (int T : lengths) {
         for (int HS : {1, 7, 64}) {
             const Shape s{2, T, 2 * HS, 2};
-            const vector<float> qkv = uniform_qkv(s, 130 + T + HS);
+            const vector<float> qkv = uniform_qkv(s, seed + T + HS);
             for (int k : {1, 3, 5, 40}) {
-                for (int budget : {0, 8, 1000}) {
-                    const vector<int> idx = run_cluster(qkv, s, k, small_cluster_params(budget));
-                    ASSERT_EQ(count_invalid_rows(idx, s, k), 0) << "T=" << T << " HS=" << HS << " k=" << k;
-                }
-                if (T <= 64) {  // no complete block before any query: the own block only, exactly
-                    EXPECT_EQ(run_cluster(qkv, s, k, small_cluster_params(0)), run_brute(qkv, s, k));
+                for (int budget : {0, 8, 1000})
+                    ASSERT_EQ(count_invalid_rows(index(qkv, s, k, budget), s, k), 0) << "T=" << T << " HS=" << HS << " k=" << k;
+                if (T <= 64) {
+                    EXPECT_EQ(index(qkv, s, k, 0), run_brute(qkv, s, k));
                 }
             }
-            EXPECT_EQ(count_invalid_rows(run_cluster(qkv, s, 4), s, 4), 0);  // the defaults
+            EXPECT_EQ(count_invalid_rows(defaults(qkv, s, 4), s, 4), 0);
         }
     }
 }
 
-TEST(TopkCluster, WithABudgetOfEveryKeyEqualsBruteBitForBit) {
+TEST(TopkCluster, ReturnsWellFormedCausalRowsOnEdgeShapes) {
+    // (T <= 64: no complete block before any query, the own block only)
+    expect_well_formed_rows_on_edge_shapes(
+        [](const vector<float>& qkv, const Shape& s, int k, int budget) {
+            return run_cluster(qkv, s, k, small_cluster_params(budget));
+        },
+        [](const vector<float>& qkv, const Shape& s, int k) { return run_cluster(qkv, s, k); },
+        {1, 2, 3, 4, 5, 63, 64, 65, 200, 333}, 130);
+}
+
+// index(qkv, s, k, cluster_size) with a budget of every key equals brute force bit for bit,
+// for each of cluster_sizes (0: the index's default), on uniform, runs of Gaussian, sphere
+// mixture and integer (tied) inputs, T = 700, k = 1, 9, 32.
+void expect_every_key_budget_equals_brute(const BudgetIndex& index, std::initializer_list<int> cluster_sizes,
+                                          unsigned seed) {
     const Shape s{2, 700, 64, 2};
-    const vector<vector<float>> inputs = {uniform_qkv(s, 141), clustered_qkv(s, 142, 6, 20, 80),
-                                          sphere_mixture_qkv(s, 143, 16, 3.0f, 0.3f), integer_qkv(s, 144, 2)};
-    for (size_t u = 0; u < inputs.size(); u++) {
+    const vector<vector<float>> inputs = {uniform_qkv(s, seed), clustered_qkv(s, seed + 1, 6, 20, 80),
+                                          sphere_mixture_qkv(s, seed + 2, 16, 3.0f, 0.3f), integer_qkv(s, seed + 3, 2)};
+    for (size_t u = 0; u < inputs.size(); u++)
         for (int k : {1, 9, 32}) {
             const vector<int> exact = run_brute(inputs[u], s, k);
-            for (int cluster_size : {1, 8, 32}) {
-                cpu::TopkClusterParams p = small_cluster_params(s.T);
-                p.cluster_size = cluster_size;
-                EXPECT_EQ(run_cluster(inputs[u], s, k, p), exact) << "input " << u << " k=" << k << " cs=" << cluster_size;
-            }
-            cpu::TopkClusterParams p;  // the default blocks, every key
-            p.budget = s.T;
-            EXPECT_EQ(run_cluster(inputs[u], s, k, p), exact) << "input " << u << " k=" << k;
+            for (int cluster_size : cluster_sizes)
+                EXPECT_EQ(index(inputs[u], s, k, cluster_size), exact) << "input " << u << " k=" << k << " cs=" << cluster_size;
         }
-    }
+}
+
+TEST(TopkCluster, WithABudgetOfEveryKeyEqualsBruteBitForBit) {
+    expect_every_key_budget_equals_brute(
+        [](const vector<float>& qkv, const Shape& s, int k, int cluster_size) {
+            cpu::TopkClusterParams p = cluster_size > 0 ? small_cluster_params(s.T) : cpu::TopkClusterParams();
+            p.budget = s.T;
+            if (cluster_size > 0) p.cluster_size = cluster_size;  // else the default blocks
+            return run_cluster(qkv, s, k, p);
+        },
+        {1, 8, 32, 0}, 141);
 }
 
 // Rows 0..P of `index`'s lists are unchanged when the keys and queries after P change,
@@ -1317,35 +1354,60 @@ TEST(TopkCluster, RowsDependOnlyOnTheirPast) {
         389);
 }
 
-TEST(TopkCluster, RecallOnClusteredKeysIsAboveAFloor) {
-    // the benchmark's clustered inputs: 64 centres of norm 3, noise 0.3, k = 32
+// The benchmark's clustered inputs (64 centres of norm 3, noise 0.3), T = 4096, k = 32:
+// `index` finds more than min_recall of brute's lists with fewer than max_scores of
+// brute's scores.
+void expect_recall_on_bench_clusters(const char* name,
+                                     const std::function<vector<int>(const vector<float>&, const Shape&, int,
+                                                                     cpu::TopkStats*)>& index,
+                                     unsigned seed, double min_recall, double max_scores) {
     const Shape s{1, 4096, 64, 1};
     const int k = 32;
-    const vector<float> qkv = sphere_mixture_qkv(s, 161, 64, 3.0f, 0.3f);
+    const vector<float> qkv = sphere_mixture_qkv(s, seed, 64, 3.0f, 0.3f);
     cpu::TopkStats stats;
-    const vector<int> found = run_cluster(qkv, s, k, cpu::TopkClusterParams(), &stats);
+    const vector<int> found = index(qkv, s, k, &stats);
     EXPECT_EQ(count_invalid_rows(found, s, k), 0);
     const double r = recall(found, run_brute(qkv, s, k), s, k);
     const double score_fraction = (double)stats.scores_computed / brute_scores(s, k);
     std::printf("  T=%d k=%d: recall %.3f, scores %.3f of brute's, clusters visited %.3f\n", s.T, k, r, score_fraction,
                 (double)stats.blocks_visited / (double)stats.blocks_total);
-    RecordProperty("cluster_recall", std::to_string(r));
-    EXPECT_GT(r, 0.88);
-    EXPECT_LT(score_fraction, 0.25);
+    ::testing::Test::RecordProperty(std::string(name) + "_recall", std::to_string(r));
+    EXPECT_GT(r, min_recall);
+    EXPECT_LT(score_fraction, max_scores);
 }
 
-TEST(TopkCluster, RecallGrowsWithTheBudget) {
+// Recall against brute on 32 interleaved clusters (T = 1024, head size 32, k = 16) never
+// falls by more than 0.01 as the budget grows over 0, 32, 128, 512, and ends above 0.95.
+void expect_recall_grows_with_the_budget(const BudgetIndex& index, unsigned seed) {
     const Shape s{1, 1024, 32, 1};
     const int k = 16;
-    const vector<float> qkv = sphere_mixture_qkv(s, 171, 32, 3.0f, 0.3f);
+    const vector<float> qkv = sphere_mixture_qkv(s, seed, 32, 3.0f, 0.3f);
     const vector<int> exact = run_brute(qkv, s, k);
     double last = 0.0;
     for (int budget : {0, 32, 128, 512}) {
-        const double r = recall(run_cluster(qkv, s, k, small_cluster_params(budget)), exact, s, k);
+        const double r = recall(index(qkv, s, k, budget), exact, s, k);
+        std::printf("  budget %d: recall %.3f\n", budget, r);
         EXPECT_GE(r, last - 0.01) << "budget " << budget;
         last = r;
     }
     EXPECT_GT(last, 0.95);
+}
+
+TEST(TopkCluster, RecallOnClusteredKeysIsAboveAFloor) {
+    expect_recall_on_bench_clusters(
+        "cluster",
+        [](const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats) {
+            return run_cluster(qkv, s, k, cpu::TopkClusterParams(), stats);
+        },
+        161, 0.88, 0.25);
+}
+
+TEST(TopkCluster, RecallGrowsWithTheBudget) {
+    expect_recall_grows_with_the_budget(
+        [](const vector<float>& qkv, const Shape& s, int k, int budget) {
+            return run_cluster(qkv, s, k, small_cluster_params(budget));
+        },
+        171);
 }
 
 // ---------------------------------------------------------------------------
@@ -1504,6 +1566,259 @@ TEST(TopkHeavy, RecallIsHighWhenNearbyQueriesShareTheirTopKeys) {
 }
 
 // ---------------------------------------------------------------------------
+// ivf
+
+TEST(TopkIvf, ReturnsWellFormedCausalRowsOnEdgeShapes) {
+    // (T <= 64: every row before the first epoch; 520 crosses the epochs 128, 256 and 512)
+    expect_well_formed_rows_on_edge_shapes(
+        [](const vector<float>& qkv, const Shape& s, int k, int budget) {
+            return run_ivf(qkv, s, k, small_ivf_params(budget));
+        },
+        [](const vector<float>& qkv, const Shape& s, int k) { return run_ivf(qkv, s, k); },
+        {1, 2, 3, 5, 63, 64, 65, 128, 200, 333, 520}, 330);
+}
+
+TEST(TopkIvf, WithABudgetOfEveryKeyEqualsBruteBitForBit) {
+    expect_every_key_budget_equals_brute(
+        [](const vector<float>& qkv, const Shape& s, int k, int cluster_size) {
+            cpu::TopkIvfParams p = small_ivf_params(s.T);
+            p.cluster_size = cluster_size;  // 0: 1.5 sqrt(S)
+            return run_ivf(qkv, s, k, p);
+        },
+        {1, 8, 64, 0}, 341);
+    // the default epochs and clusters, past the first epoch
+    const Shape longer{1, 2200, 32, 1};
+    const vector<float> qkv = sphere_mixture_qkv(longer, 345, 16, 3.0f, 0.3f);
+    cpu::TopkIvfParams p;
+    p.budget = longer.T;
+    EXPECT_EQ(run_ivf(qkv, longer, 16, p), run_brute(qkv, longer, 16));
+}
+
+TEST(TopkIvf, RowsDependOnlyOnTheirPast) {
+    // cut in the middle of an epoch (256..511), on its last row and on its first
+    for (int P : {389, 255, 256})
+        expect_rows_depend_only_on_their_past(
+            [](const vector<float>& qkv, const Shape& s) { return run_ivf(qkv, s, 8, small_ivf_params(24)); }, 351, P);
+}
+
+// The build against its definition: epochs double from first_epoch; each epoch's clusters
+// partition its keys, ascending; the keys before its start are those of a cluster of the
+// epoch before, cut into pieces of at most the cut size (the first epoch: of one cluster);
+// a centroid is the mean of its keys before the start; a later key is in the cluster of the
+// nearest centroid (distances in double, to a tolerance for the fp32 search's rounding);
+// the panel holds each cluster's keys in order.
+TEST(TopkIvf, ClustersFollowTheirDefinition) {
+    const Shape s{1, 1100, 24, 1};
+    const int HS = s.HS();
+    const vector<float> qkv = sphere_mixture_qkv(s, 361, 12, 3.0f, 0.4f);
+    for (int cluster_size : {1, 7, 40, 0}) {  // 0: 1.5 sqrt(S) keys at epoch start S (at least 16)
+        cpu::TopkIvfParams p = small_ivf_params(0);
+        p.cluster_size = cluster_size;
+        const vector<cpu::TopkIvfEpoch> epochs = cpu::topk_ivf_head_build(key_of(qkv, s, 0, 0, 0), 3 * (size_t)s.C, s.T, HS, p);
+        ASSERT_EQ(epochs.size(), 5u);  // 64, 128, 256, 512, 1024
+        vector<int> previous(s.T, 0);  // each key's cluster in the epoch before (one cluster first)
+        for (size_t e = 0; e < epochs.size(); e++) {
+            const cpu::TopkIvfEpoch& ep = epochs[e];
+            EXPECT_EQ(ep.start, 64 << e);
+            EXPECT_EQ(ep.end, std::min(s.T, 128 << e));
+            vector<int> cluster_of(ep.end, -1);
+            for (int c = 0; c < ep.num_clusters; c++) {
+                int before = 0, parent = -1;
+                vector<double> mean(HS, 0.0);
+                for (int u = ep.key_start[c]; u < ep.key_start[c + 1]; u++) {
+                    const int j = ep.keys[u];
+                    ASSERT_TRUE(j >= 0 && j < ep.end && cluster_of[j] < 0) << "key " << j;
+                    if (u > ep.key_start[c]) {
+                        EXPECT_LT(ep.keys[u - 1], j);
+                    }
+                    cluster_of[j] = c;
+                    if (j >= ep.start) continue;
+                    if (parent < 0) parent = previous[j];
+                    EXPECT_EQ(previous[j], parent) << "epoch " << e << " cluster " << c << ": keys of two earlier clusters";
+                    before++;
+                    for (int d = 0; d < HS; d++) mean[d] += key_of(qkv, s, 0, 0, j)[d];
+                }
+                ASSERT_GE(before, 1) << "epoch " << e << " cluster " << c;
+                EXPECT_LE(before, cpu::topk_ivf_cluster_size(p, ep.start)) << "epoch " << e << " cluster " << c;
+                for (int d = 0; d < HS; d++)
+                    EXPECT_NEAR(ep.centroids[(size_t)c * HS + d], mean[d] / before, 1e-5) << "epoch " << e << " c " << c;
+                // the panel: key u of the cluster in chunk u / 8, lane u % 8
+                const int n = ep.key_start[c + 1] - ep.key_start[c];
+                for (int u = 0; u < n; u++)
+                    for (int d = 0; d < HS; d++)
+                        ASSERT_EQ(ep.panel[((size_t)(ep.chunk_start[c] + u / 8) * HS + d) * 8 + u % 8],
+                                  key_of(qkv, s, 0, 0, ep.keys[ep.key_start[c] + u])[d]);
+            }
+            for (int j = 0; j < ep.end; j++) ASSERT_GE(cluster_of[j], 0) << "key " << j << " in no cluster";
+            // the epoch's own keys: the nearest centroid
+            auto dist2 = [&](int j, int c) {
+                double sum = 0.0;
+                for (int d = 0; d < HS; d++) {
+                    const double x = (double)key_of(qkv, s, 0, 0, j)[d] - ep.centroids[(size_t)c * HS + d];
+                    sum += x * x;
+                }
+                return sum;
+            };
+            for (int j = ep.start; j < ep.end; j++) {
+                double best = INFINITY;
+                for (int c = 0; c < ep.num_clusters; c++) best = std::min(best, dist2(j, c));
+                EXPECT_LE(dist2(j, cluster_of[j]), best + 1e-4 * (1.0 + best)) << "epoch " << e << " key " << j;
+            }
+            for (int j = 0; j < ep.end; j++) previous[j] = cluster_of[j];
+        }
+    }
+}
+
+// Each row against its definition, recomputed from the build: its clusters in the order
+// of q . c (in double here; rows where two of the scores that decide the order lie within
+// 1e-4 of each other are skipped, as fp32 may order them either way), whole clusters'
+// keys j < i0 until the budget is spent, then the row's own keys i0..i; its list the top k
+// of those by a full sort. A mutant that probes one cluster too few fails it.
+TEST(TopkIvf, EachRowIsTheTopKOfTheClustersItProbes) {
+    const Shape s{1, 900, 32, 1};
+    const int HS = s.HS(), k = 8;
+    const vector<float> qkv = sphere_mixture_qkv(s, 371, 10, 3.0f, 0.4f);
+    for (int budget : {0, 20, 60}) {
+        const cpu::TopkIvfParams p = small_ivf_params(budget);
+        const vector<int> idx = run_ivf(qkv, s, k, p);
+        const vector<int> exact = run_brute(qkv, s, k);
+        const vector<cpu::TopkIvfEpoch> epochs = cpu::topk_ivf_head_build(key_of(qkv, s, 0, 0, 0), 3 * (size_t)s.C, s.T, HS, p);
+        int checked = 0, skipped = 0;
+        for (int i = k; i < s.T; i++) {
+            const int* row = idx.data() + cpu::topk_idx_row(0, 0, i, s.T, s.NH, k);
+            if (i < p.first_epoch) {
+                EXPECT_TRUE(std::equal(row, row + k, exact.begin() + cpu::topk_idx_row(0, 0, i, s.T, s.NH, k))) << "i=" << i;
+                continue;
+            }
+            const cpu::TopkIvfEpoch* ep = nullptr;
+            for (const cpu::TopkIvfEpoch& e : epochs)
+                if (e.start <= i && i < e.end) ep = &e;
+            ASSERT_NE(ep, nullptr);
+            const int i0 = i / 64 * 64;
+            const float* q = query_of(qkv, s, 0, 0, i);
+            vector<std::pair<double, int>> order;  // (-q . c, c) over clusters with keys j < i0
+            vector<int> causal(ep->num_clusters);
+            for (int c = 0; c < ep->num_clusters; c++) {
+                causal[c] = (int)(std::lower_bound(ep->keys.begin() + ep->key_start[c], ep->keys.begin() + ep->key_start[c + 1], i0) -
+                                  (ep->keys.begin() + ep->key_start[c]));
+                if (causal[c] == 0) continue;
+                double dot = 0.0;
+                for (int d = 0; d < HS; d++) dot += (double)q[d] * ep->centroids[(size_t)c * HS + d];
+                order.push_back({-dot, c});
+            }
+            std::sort(order.begin(), order.end());
+            const int row_budget = std::max(budget, k - (i + 1 - i0));
+            vector<int> cand;
+            bool near_tie = false;
+            for (int u = 0, spent = 0; u < (int)order.size() && spent < row_budget; u++) {
+                if (u + 1 < (int)order.size() && order[u + 1].first - order[u].first < 1e-4) near_tie = true;
+                if (u > 0 && order[u].first - order[u - 1].first < 1e-4) near_tie = true;
+                const int c = order[u].second;
+                cand.insert(cand.end(), ep->keys.begin() + ep->key_start[c], ep->keys.begin() + ep->key_start[c] + causal[c]);
+                spent += causal[c];
+            }
+            if (near_tie) {
+                skipped++;
+                continue;
+            }
+            for (int j = i0; j <= i; j++) cand.push_back(j);
+            vector<std::pair<float, int>> ranked;  // (-score, j): a full sort, ties to the smaller key
+            for (int j : cand) ranked.push_back({-knngpt::attention_dot(q, key_of(qkv, s, 0, 0, j), HS), j});
+            std::sort(ranked.begin(), ranked.end());
+            vector<int> want;
+            for (int u = 0; u < k; u++) want.push_back(ranked[u].second);
+            std::sort(want.begin(), want.end());
+            EXPECT_TRUE(std::equal(row, row + k, want.begin())) << "budget " << budget << " i=" << i;
+            checked++;
+        }
+        std::printf("  budget %d: %d rows checked, %d with near-tied centroid scores skipped\n", budget, checked, skipped);
+        EXPECT_GT(checked, 700);
+    }
+}
+
+TEST(TopkIvf, RecallOnClusteredKeysIsAboveAFloor) {
+    // the default parameters: exact rows below 1024, epochs from 1024 and 2048
+    expect_recall_on_bench_clusters(
+        "ivf",
+        [](const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats) {
+            return run_ivf(qkv, s, k, cpu::TopkIvfParams(), stats);
+        },
+        381, 0.9, 0.2);
+}
+
+TEST(TopkIvf, RecallGrowsWithTheBudget) {
+    expect_recall_grows_with_the_budget(
+        [](const vector<float>& qkv, const Shape& s, int k, int budget) {
+            return run_ivf(qkv, s, k, small_ivf_params(budget));
+        },
+        391);
+}
+
+// ---------------------------------------------------------------------------
+// what the inverted-file indexes share (topk_probe.h)
+
+// topk_pop_best hands out the entries in the order (key desc, index asc), never an
+// INT32_MIN, then -1; on keys with many ties, and at lengths around a vector's 16
+TEST(TopkProbe, PopBestGivesTheLargestFirstAndTiesToTheEarlierOne) {
+    std::mt19937 gen(401);
+    for (int n : {1, 2, 15, 16, 17, 33, 240}) {
+        for (int trial = 0; trial < 20; trial++) {
+            vector<int32_t> key(n);
+            for (int32_t& x : key) {
+                const int32_t base = trial % 2 ? INT32_MAX - 8 : 0;  // near the top of the range, or around 0
+                x = gen() % 3 == 0 ? INT32_MIN : base + (int32_t)(gen() % 7) - 3;
+            }
+            vector<int> want;
+            for (int u = 0; u < n; u++)
+                if (key[u] != INT32_MIN) want.push_back(u);
+            std::stable_sort(want.begin(), want.end(), [&](int a, int b) { return key[a] > key[b]; });
+            vector<int32_t> work = key;
+            for (int w : want) ASSERT_EQ(cpu::topk_pop_best(work.data(), n), w) << "n=" << n;
+            EXPECT_EQ(cpu::topk_pop_best(work.data(), n), -1);
+        }
+    }
+    const float v[5] = {1.0f, 3.0f, -2.0f, 3.0f, 0.5f};
+    EXPECT_EQ(cpu::topk_first_largest(v, 5), 1);
+}
+
+// TopkScoredKeys: keys offered in batches of any size, with settles between them, give
+// the top k of all of them by (score desc, key asc), as TopkSelector does; scores with
+// many ties, -0 beside +0, and keys in no particular order
+TEST(TopkProbe, ScoredKeysKeepTheTopKOfEveryKeyOffered) {
+    std::mt19937 gen(411);
+    for (int trial = 0; trial < 300; trial++) {
+        const int k = 1 + gen() % 40, n = k + gen() % 300;
+        vector<float> score(n);
+        vector<int> key(n);
+        for (int u = 0; u < n; u++) {
+            const int r = gen() % 9;
+            score[u] = r == 0 ? -0.0f : r == 1 ? 0.0f : (float)((int)(gen() % 11) - 5) * 0.25f;
+            key[u] = u;
+        }
+        std::shuffle(key.begin(), key.end(), gen);
+        cpu::TopkScoredKeys cand(k, n);
+        cpu::TopkSelector reference(k);
+        for (int u = 0; u < n;) {
+            const int count = std::min(n - u, 1 + (int)(gen() % 40));
+            if (gen() % 2) {
+                cand.append(score.data() + u, key.data() + u, 0, count);
+            } else {  // keys first_key + v, as the own block's
+                const int first = 1000 + u;
+                for (int v = 0; v < count; v++) key[u + v] = first + v;
+                cand.append(score.data() + u, nullptr, first, count);
+            }
+            for (int v = u; v < u + count; v++) reference.offer(score[v] + 0.0f, key[v]);
+            u += count;
+            if (gen() % 3 == 0) cand.settle();
+        }
+        vector<int> got(k), want(k);
+        cand.write(got.data());
+        reference.write_sorted(want.data());
+        ASSERT_EQ(got, want) << "trial " << trial << " k=" << k << " n=" << n;
+    }
+}
+
+// ---------------------------------------------------------------------------
 // dispatch, statistics, threads
 
 TEST(TopkDispatch, RunsTheNamedIndex) {
@@ -1525,6 +1840,8 @@ TEST(TopkDispatch, RunsTheNamedIndex) {
     EXPECT_EQ(idx, run_cluster(qkv, s, k));
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Heavy, p);
     EXPECT_EQ(idx, run_heavy(qkv, s, k));
+    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Ivf, p);
+    EXPECT_EQ(idx, run_ivf(qkv, s, k));
     cpu::TopkStats int8_stats;
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Int8, p, &int8_stats);
     EXPECT_EQ(idx, run_brute(qkv, s, k));
@@ -1537,8 +1854,8 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int k = 9;
     cpu::LshParams p;
     const vector<float> interleaved = sphere_mixture_qkv(s, 112, 8, 3.0f, 0.3f);
-    vector<int> results[2][7];
-    cpu::TopkStats stats[2][7];
+    vector<int> results[2][8];
+    cpu::TopkStats stats[2][8];
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
@@ -1549,9 +1866,10 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
         results[t][4] = run_cluster(interleaved, s, k, small_cluster_params(40), &stats[t][4]);
         results[t][5] = run_int8(interleaved, s, k, &stats[t][5]);
         results[t][6] = run_heavy(interleaved, s, k, heavy_params(128, 16), &stats[t][6]);
+        results[t][7] = run_ivf(interleaved, s, k, small_ivf_params(40), &stats[t][7]);
     }
     omp_set_num_threads(saved);
-    for (int m = 0; m < 7; m++) {
+    for (int m = 0; m < 8; m++) {
         EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
         EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
         EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;

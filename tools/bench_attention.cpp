@@ -196,6 +196,7 @@ std::vector<Mode> all_modes(int k, int s) {
         mode("knn/cluster", AttnMode::Knn, I::Cluster, 0, AttnGrad::Exact),
         mode("knn/int8", AttnMode::Knn, I::Int8, 0, AttnGrad::Exact),
         mode("knn/heavy", AttnMode::Knn, I::Heavy, 0, AttnGrad::Exact),
+        mode("knn/ivf", AttnMode::Knn, I::Ivf, 0, AttnGrad::Exact),
         mode("knn-tail/block", AttnMode::KnnTail, I::Block, k, AttnGrad::Exact),
         mode("gumbel/block", AttnMode::Gumbel, I::Block, 0, AttnGrad::Sampled),
         mode("gumbel/brute", AttnMode::Gumbel, I::Brute, 0, AttnGrad::Sampled),

@@ -60,7 +60,8 @@ inline ops::TopkIndex parse_attn_index(const std::string& name) {
     if (name == "cluster") return ops::TopkIndex::Cluster;
     if (name == "int8") return ops::TopkIndex::Int8;
     if (name == "heavy") return ops::TopkIndex::Heavy;
-    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster, int8, heavy)");
+    if (name == "ivf") return ops::TopkIndex::Ivf;
+    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster, int8, heavy, ivf)");
 }
 inline AttnGrad parse_attn_grad(const std::string& name) {
     if (name == "exact") return AttnGrad::Exact;
@@ -119,8 +120,8 @@ inline void check_attn_config(const AttnConfig& a) {
         case AttnProblem::GumbelCountsBelowOne:
             throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
         case AttnProblem::LazyGumbelNeedsExactIndex:
-            throw std::runtime_error(std::string("lazy Gumbel sampling needs an exact top-k index (--attn-index brute "
-                                                 "or block), not ") +
+            throw std::runtime_error(std::string("lazy Gumbel sampling needs an exact top-k index (--attn-index brute, "
+                                                 "block or int8), not ") +
                                      attn_index_name(a.index));
         case AttnProblem::GumbelWithoutSampledGrad:
             throw std::runtime_error(

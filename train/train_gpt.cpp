@@ -116,7 +116,10 @@ Attention
                    cluster (approximate: clustered causal blocks probed up to a budget of keys),
                    int8 (exact, identical to brute: int8 first pass, AMX or AVX-512 VNNI),
                    heavy (approximate: the keys the previous 256 queries selected, the 64 most recent and
-                   an exact probe every 256 queries)
+                   an exact probe every 256 queries),
+                   ivf (approximate: the keys in about sqrt(i) clusters, cut at i = 1024, 2048, .. from
+                   the keys before; a query scores whole clusters in centroid order up to max(128, 4k)
+                   keys, then its own block's <= 64 keys)
                    (default brute)
   --attn-grad G    exact (the gradient of what the forward computed; default) or sampled (the
                    randomised estimators of the exact-attention gradient)

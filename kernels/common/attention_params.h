@@ -17,7 +17,7 @@ namespace knngpt {
 enum class AttnMode { Exact, Knn, KnnTail, Gumbel, Kmv };
 enum class AttnGrad { Exact, Sampled };
 
-enum class TopkIndex { Brute, Block, Lsh, Cluster, Int8, Heavy };  // numbered as stored in checkpoints
+enum class TopkIndex { Brute, Block, Lsh, Cluster, Int8, Heavy, Ivf };  // numbered as stored in checkpoints
 
 struct LshParams {
     int num_bits = 8;    // hyperplanes per table, 0..16 (2^num_bits buckets)

@@ -41,11 +41,10 @@
 #include "kernels/cpu/topk_block.h"
 #include "kernels/cpu/topk_brute.h"
 #include "kernels/cpu/topk_panel.h"
+#include "kernels/cpu/topk_probe.h"
 #include "kernels/cpu/topk_select.h"
 
 namespace knngpt::cpu {
-
-constexpr int kTopkClusterRound = 16;  // clusters a row collects per pass over its centroids
 
 struct TopkClusterParams {
     int base = 256;         // own-block size in keys; a multiple of kTopkQueryBlock
@@ -152,9 +151,7 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
         int top_cluster[kTopkClusterRound];
         std::vector<const float*> chunk_ptr((size_t)kTopkClusterRound * max_cluster_chunks);
         std::vector<float> scores((size_t)std::max(p.base, kTopkClusterRound * max_cluster_chunks * kTopkLanes) + kTopkLanes);
-        // the row's scored keys that may still enter: their scores' order keys and the keys
-        std::vector<int32_t> cand_order((size_t)T + 16), select_scratch(2 * ((size_t)T + 16));
-        std::vector<int> cand_key((size_t)T + 16), tie_keys((size_t)T + 16);
+        TopkScoredKeys cand(k, T);  // the row's scored keys that may still enter
         #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++) {
             for (int h = 0; h < NH; h++) {
@@ -186,50 +183,17 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                         const int i = i_search + r;
                         const float* q = q_head + (size_t)i * C3;
                         int* out = idx + topk_idx_row(b, h, i, T, NH, k);
-                        // the row's candidates: every scored key whose score reaches the k-th best
-                        // of those before it (kth_order, once there are k), kept by a branch-free append
-                        int n_cand = 0;
-                        int32_t kth_order = INT32_MIN;
-                        auto append = [&](const float* s, const int* keys, int first_key, int n) {
-                            for (int u = 0; u < n; u++) {
-                                const int32_t o = topk_order_key(s[u] + 0.0f);
-                                cand_order[n_cand] = o;
-                                cand_key[n_cand] = keys ? keys[u] : first_key + u;
-                                n_cand += o >= kth_order;
-                            }
-                        };
-                        // the k-th best of the candidates, and only those reaching it kept
-                        auto settle = [&]() {
-                            if (n_cand < k) return;
-                            kth_order = topk_kth_largest_select(cand_order.data(), n_cand, k, select_scratch.data(),
-                                                                select_scratch.data() + n_cand + 16);
-                            int n = 0;
-                            for (int u = 0; u < n_cand; u++) {
-                                cand_order[n] = cand_order[u];
-                                cand_key[n] = cand_key[u];
-                                n += cand_order[u] >= kth_order;
-                            }
-                            n_cand = n;
-                        };
+                        cand.clear();
                         // the own block's keys own0..i, exactly: last, when the clusters' best keys
                         // are in by then, so that most own keys fail the k-th best test
                         auto score_own = [&]() {
                             topk_score_chunks(scores.data(), q, panel, own0 / kTopkLanes, topk_num_chunks(i + 1), HS);
-                            append(scores.data(), nullptr, own0, i + 1 - own0);
+                            cand.append(scores.data(), nullptr, own0, i + 1 - own0);
                             scores_computed += i + 1 - own0;
-                        };
-                        auto write_row = [&]() {
-                            if (n_cand <= k) {
-                                std::copy(cand_key.data(), cand_key.data() + n_cand, out);
-                                std::sort(out, out + n_cand);
-                            } else {
-                                topk_select_any_order(out, cand_order.data(), cand_key.data(), n_cand, k, tie_keys.data(),
-                                                      select_scratch.data());
-                            }
                         };
                         if (nc == 0) {
                             score_own();
-                            write_row();
+                            cand.write(out);
                             continue;
                         }
                         double q_norm2 = 0.0;
@@ -245,22 +209,10 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                         float after_score = INFINITY;
                         int after_cluster = -1, spent = 0;
                         while (spent < row_budget) {
-                            const float kth = n_cand >= k ? topk_order_float(kth_order) : -INFINITY;
-                            int n_top = 0;
-                            for (int c = 0; c < nc; c++) {
-                                const float v = cs[c];
-                                // clusters ascend, so an equal score never displaces an earlier one
-                                if (n_top == kTopkClusterRound && !(v > top_score[n_top - 1])) continue;
-                                if (!(v < after_score || (v == after_score && c > after_cluster))) continue;
-                                if (v + q_norm * reach[c] < kth) continue;
-                                int u = n_top < kTopkClusterRound ? n_top++ : n_top - 1;
-                                for (; u > 0 && v > top_score[u - 1]; u--) {
-                                    top_score[u] = top_score[u - 1];
-                                    top_cluster[u] = top_cluster[u - 1];
-                                }
-                                top_score[u] = v;
-                                top_cluster[u] = c;
-                            }
+                            const float kth = cand.kth();
+                            const int n_top = topk_next_clusters(top_score, top_cluster, kTopkClusterRound, cs, nc, after_score,
+                                                                 after_cluster,
+                                                                 [&](int c) { return !(cs[c] + q_norm * reach[c] < kth); });
                             if (n_top == 0) break;  // every cluster left is below the k-th best: exact
                             // the round's clusters up to the budget, scored in one pass over their chunks
                             int n_probe = 0, n_chunks = 0;
@@ -275,10 +227,10 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                             for (int u = 0; u < n_probe; u++) {
                                 const auto [blk, c] = cluster_of[top_cluster[u]];
                                 const int n = blk->block_start[c + 1] - blk->block_start[c];
-                                append(s, blk->keys.data() + blk->block_start[c], 0, n);
+                                cand.append(s, blk->keys.data() + blk->block_start[c], 0, n);
                                 s += (size_t)topk_num_chunks(n) * kTopkLanes;
                             }
-                            settle();
+                            cand.settle();
                             blocks_visited += n_probe;
                             if (n_probe < n_top) break;  // the budget is spent
                             if (n_top < kTopkClusterRound) break;  // no cluster left
@@ -287,7 +239,7 @@ inline void causal_topk_cluster(int* idx, const float* qkv, int B, int T, int C,
                         }
                         scores_computed += spent;
                         score_own();
-                        write_row();
+                        cand.write(out);
                     }
                 }
             }

@@ -43,6 +43,7 @@
 #include "kernels/cpu/topk_cluster.h"
 #include "kernels/cpu/topk_heavy.h"
 #include "kernels/cpu/topk_int8.h"
+#include "kernels/cpu/topk_ivf.h"
 #include "kernels/cpu/topk_lsh.h"
 #include "kernels/cpu/topk_select.h"
 
@@ -60,6 +61,7 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
         case TopkIndex::Cluster: causal_topk_cluster(idx, qkv, B, T, C, NH, k, TopkClusterParams(), stats); break;
         case TopkIndex::Int8: causal_topk_int8(idx, qkv, B, T, C, NH, k, stats); break;
         case TopkIndex::Heavy: causal_topk_heavy(idx, qkv, B, T, C, NH, k, TopkHeavyParams(), stats); break;
+        case TopkIndex::Ivf: causal_topk_ivf(idx, qkv, B, T, C, NH, k, TopkIvfParams(), stats); break;
     }
 }
 

@@ -161,7 +161,7 @@ inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH,
                         const LshParams&) {
     if (!attention_capabilities().has_index(index))
         throw std::runtime_error("causal_topk: index " + std::to_string((int)index) +
-                                 " (lsh, cluster or heavy) has no CUDA kernel yet");
+                                 " (lsh, cluster, heavy or ivf) has no CUDA kernel yet");
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
