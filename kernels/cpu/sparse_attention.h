@@ -227,6 +227,11 @@ inline void sparse_attention_forward(float* out, float* lse, const float* qkv, c
                     const float* q = qkv + at.q + (size_t)i * C3;
                     float* o = out + ((size_t)b * T + i) * C + (size_t)h * HS;
                     float* a = logits.data();
+                    if (i + 1 < T)  // the next row's q and o
+                        for (int c = 0; c < HS; c += 16) {
+                            __builtin_prefetch(q + C3 + c);
+                            __builtin_prefetch(o + C + c, 1);
+                        }
 
                     const int n = sparse_row_logits(keys.data(), rows.data(), a, q, packed.data(), stride, idx_row, logw_row,
                                                     K, HS, tau);
@@ -309,6 +314,13 @@ inline void sparse_attention_backward(float* dqkv, const float* dout, const floa
                     // next row's packed rows are asked for, one a slot (they are scattered
                     // over the head, and its passes wait on them otherwise)
                     const int* next_row = i + 1 < T ? idx_row + K : nullptr;
+                    if (next_row)  // and its own rows: q, dQ (in qkv's layout), o and dO
+                        for (int c = 0; c < HS; c += 16) {
+                            __builtin_prefetch(q + C3 + c);
+                            __builtin_prefetch(dq + C3 + c, 1);
+                            __builtin_prefetch(o + C + c);
+                            __builtin_prefetch(d_o + C + c);
+                        }
                     for (int t = 0; t < n; t++) {
                         if (next_row && next_row[t] >= 0) {
                             const float* r = packed.data() + (size_t)next_row[t] * stride;

@@ -123,11 +123,27 @@ struct TopkScoredKeys {
         if (n < k) return;
         kth_order = topk_kth_largest_select(order.data(), n, k, scratch.data(), scratch.data() + n + 16);
         int m = 0;
+#if KNNGPT_TOPK_KEEP_AVX512
+        // 16 at a time, the kept lanes compressed to the front (m <= u: no store reaches
+        // lanes not yet read)
+        const __m512i kth_v = _mm512_set1_epi32(kth_order);
+        for (int u = 0; u < n; u += 16) {
+            const __mmask16 valid = n - u >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - u)) - 1);
+            const __m512i o = _mm512_maskz_loadu_epi32(valid, order.data() + u);
+            const __m512i kv = _mm512_maskz_loadu_epi32(valid, key.data() + u);
+            const __mmask16 keep = _mm512_mask_cmpge_epi32_mask(valid, o, kth_v);
+            const __mmask16 front = (__mmask16)((1u << __builtin_popcount((unsigned)keep)) - 1);
+            _mm512_mask_storeu_epi32(order.data() + m, front, _mm512_maskz_compress_epi32(keep, o));
+            _mm512_mask_storeu_epi32(key.data() + m, front, _mm512_maskz_compress_epi32(keep, kv));
+            m += __builtin_popcount((unsigned)keep);
+        }
+#else
         for (int u = 0; u < n; u++) {
             order[m] = order[u];
             key[m] = key[u];
             m += order[u] >= kth_order;
         }
+#endif
         n = m;
     }
     // the top k (or all kept, when at most k), ascending, into out
