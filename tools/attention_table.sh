@@ -28,6 +28,7 @@ settings=(
   "knn k=4|--attn knn --attn-k 4"
   "knn k=32|--attn knn --attn-k 32"
   "knn k=16, cluster index|--attn knn --attn-k 16 --attn-index cluster"
+  "knn k=16, ivf index|--attn knn --attn-k 16 --attn-index ivf"
   "knn-tail k=8 m=8|--attn knn-tail --attn-k 8 --attn-tail 8"
   "gumbel k=8 (sampled grads)|--attn gumbel --attn-k 8 --attn-grad sampled"
   "kmv k=8 m=8|--attn kmv --attn-k 8 --attn-tail 8"

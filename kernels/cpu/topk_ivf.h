@@ -1,8 +1,9 @@
 // kernels/cpu/topk_ivf.h — the approximate causal top-k of an inverted file whose clusters
 // are refined as the keys arrive (ALGORITHMS.md §6.4; tie rule of §2.1).
 //
-//   epochs   rows i < S_1 = first_epoch score every causal key (brute force); epoch e >= 1
-//            holds the rows S_e <= i < S_{e+1} = 2 S_e
+//   epochs   rows i < S_1 = first_epoch score every causal key (brute force; a sequence of
+//            T <= S_1 is causal_topk_brute's, the same lists); epoch e >= 1 holds the rows
+//            S_e <= i < S_{e+1} = 2 S_e
 //   clusters per (b, h), made at each epoch start S_e from the keys 0..S_e - 1 alone: first one
 //            cluster of the keys before S_1; at every S_e a cluster holding more than
 //            1.5 sqrt(S_e) keys (cluster_size) is cut by 2-means bisection (topk_bisect,
@@ -185,6 +186,8 @@ inline void causal_topk_ivf(int* idx, const float* qkv, int B, int T, int C, int
     topk_check(p.first_epoch >= kTopkQueryBlock && p.first_epoch % kTopkQueryBlock == 0,
                "TopkIvfParams.first_epoch must be a positive multiple of 64");
     topk_check(p.cluster_size >= 0, "TopkIvfParams.cluster_size must be >= 0");
+    // every row before the first epoch: the exact lists, which brute's sgemm search finds faster
+    if (T <= p.first_epoch) return causal_topk_brute(idx, qkv, B, T, C, NH, k, stats);
     const int HS = C / NH;
     const size_t C3 = 3 * (size_t)C;
     const int budget = topk_ivf_budget(p, k);
