@@ -1840,8 +1840,13 @@ TEST(TopkDispatch, RunsTheNamedIndex) {
     EXPECT_EQ(idx, run_cluster(qkv, s, k));
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Heavy, p);
     EXPECT_EQ(idx, run_heavy(qkv, s, k));
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Ivf, p);
-    EXPECT_EQ(idx, run_ivf(qkv, s, k));
+    // ivf past its first epoch (up to 1024 keys it is brute force): not another index's lists
+    const Shape longer{1, 1300, 16, 1};
+    const vector<float> mixture = sphere_mixture_qkv(longer, 102, 12, 3.0f, 0.4f);
+    vector<int> ivf_idx(longer.idx_size(k));
+    cpu::causal_topk(ivf_idx.data(), mixture.data(), longer.B, longer.T, longer.C, longer.NH, k, cpu::TopkIndex::Ivf, p);
+    EXPECT_EQ(ivf_idx, run_ivf(mixture, longer, k));
+    EXPECT_NE(ivf_idx, run_brute(mixture, longer, k));
     cpu::TopkStats int8_stats;
     cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Int8, p, &int8_stats);
     EXPECT_EQ(idx, run_brute(qkv, s, k));

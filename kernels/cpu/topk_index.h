@@ -29,8 +29,12 @@
 //   heavy  topk_heavy.h  approximate: per block of 64 queries, the keys the previous 256
 //                        queries selected and the 64 most recent, ranked by the exact score;
 //                        with every key recent equal to brute
-// causal_topk runs the one TopkIndex names (block with blocks of 64 keys, cluster with its
-// TopkClusterParams defaults) and adds its
+//   ivf    topk_ivf.h    approximate: about sqrt(i) clusters of the keys, cut at epochs
+//                        1024, 2048, .. from the keys before them; a query scores whole
+//                        clusters in centroid order up to a budget of keys, then its own
+//                        block; with a budget >= T equal to brute
+// causal_topk runs the one TopkIndex names (block with blocks of 64 keys, cluster, heavy and
+// ivf with their Params defaults) and adds its
 // statistics to *stats (TopkStats, topk_select.h). Inputs must be finite (a NaN score has
 // no place in the ranking). Every row is computed by one thread in a fixed order, so
 // results and statistics do not depend on the thread count.

@@ -12,8 +12,8 @@
 //            (the largest k . c - ||c||^2 / 2, the first on ties)
 //   epoch e  its clusters, each with its keys j < S_{e+1}, ascending, packed in 8-lane panels,
 //            and its centroid
-//   probe    a query block i0..i1 - 1 (64 rows, all in one epoch): q . c for every cluster in
-//            one sgemm; each row scores whole clusters' keys j < i0 in decreasing order of q . c
+//   probe    a query block i0..i1 - 1 (64 rows, all in one epoch): q . c for every cluster (one
+//            sgemm per four blocks); each row scores whole clusters' keys j < i0 in decreasing order of q . c
 //            (ties to the earlier cluster) until `budget` of them are scored (at least k keys in
 //            all), then its own block's keys i0..i
 //   S_i      the k best scored keys by (attention_dot desc, j asc)
@@ -32,7 +32,10 @@
 // the cut and one sgemm of the epoch's keys against the centroids. Deterministic: fixed
 // orders, one thread per head for the build and per group of query blocks for the probe,
 // so the lists and statistics do not depend on the thread count (the centroid scores come
-// from sgemm, so they may differ between machines, as cluster's).
+// from sgemm, so they may differ between machines, as cluster's; and a row's independence
+// of T assumes, as cluster's does, that an sgemm entry does not depend on how many rows the
+// call has, which OpenBLAS's kernels give). Memory: each epoch packs every key before its
+// end, about 2 T HS floats a head in all, kept until the probe is done.
 #pragma once
 
 #include <cblas.h>
@@ -195,13 +198,9 @@ inline void causal_topk_ivf(int* idx, const float* qkv, int B, int T, int C, int
     #pragma omp parallel for schedule(dynamic)
     for (int bh = 0; bh < B * NH; bh++)
         heads[bh] = topk_ivf_head_build(qkv + (size_t)(bh / NH) * T * C3 + C + (size_t)(bh % NH) * HS, C3, T, HS, p);
-    int max_clusters = 1, max_cluster_chunks = 1;
+    int max_clusters = 1;
     for (const auto& epochs : heads)
-        for (const TopkIvfEpoch& ep : epochs) {
-            max_clusters = std::max(max_clusters, ep.num_clusters);
-            for (int c = 0; c < ep.num_clusters; c++)
-                max_cluster_chunks = std::max(max_cluster_chunks, ep.chunk_start[c + 1] - ep.chunk_start[c]);
-        }
+        for (const TopkIvfEpoch& ep : epochs) max_clusters = std::max(max_clusters, ep.num_clusters);
     // the work items: per (b, h), runs of at most kTopkIvfGroupBlocks query blocks in one epoch
     // (or all before the first), the last first (they see the most keys)
     struct Group {

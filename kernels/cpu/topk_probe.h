@@ -73,16 +73,18 @@ inline int topk_pop_best(int32_t* key, int n) {
     return u;
 }
 
-// One row's scored keys that may still enter its top k (see above). capacity: the most
-// keys appended between two settles plus k.
+// One row's scored keys that may still enter its top k (see above). capacity: at least the
+// number of keys one row offers in all (a settle keeps every key tied with the k-th, so
+// more than k can stay); append checks it.
 struct TopkScoredKeys {
     int k, n = 0;
     int32_t kth_order = INT32_MIN;  // the k-th best kept at the last settle, as an order key
     std::vector<int32_t> order, scratch;
     std::vector<int> key, tie_keys;
-    TopkScoredKeys(int k_, int capacity)
-        : k(k_), order((size_t)capacity + 16), scratch(2 * ((size_t)capacity + 16)), key((size_t)capacity + 16),
-          tie_keys((size_t)capacity + 16) {}
+    int capacity;
+    TopkScoredKeys(int k_, int capacity_)
+        : k(k_), order((size_t)capacity_ + 16), scratch(2 * ((size_t)capacity_ + 16)), key((size_t)capacity_ + 16),
+          tie_keys((size_t)capacity_ + 16), capacity(capacity_) {}
 
     void clear() {
         n = 0;
@@ -92,6 +94,7 @@ struct TopkScoredKeys {
     float kth() const { return kth_order == INT32_MIN ? -INFINITY : topk_order_float(kth_order); }
     // keys[u] (or first_key + u where keys is null) with scores s[u], u < count
     void append(const float* s, const int* keys, int first_key, int count) {
+        topk_check(n + count <= capacity, "TopkScoredKeys: more keys offered than its capacity");
 #if KNNGPT_TOPK_KEEP_AVX512
         // 16 at a time: a mask compare, the kept lanes compressed to the front of a register
         // and stored whole (room for 16 past n); most groups keep none once there is a k-th
