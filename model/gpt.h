@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/draws.h"
@@ -210,6 +211,16 @@ inline ActivationTensors point_activations(float* memory, const std::array<size_
     return a;
 }
 
+// The activations that are matmul inputs (ln1, atty, ln2, fch_gelu, lnf), each
+// whole: a backend whose matmuls read bf16 keeps a bf16 copy of each
+// (ops::register_activation_copy), written by the op that writes it.
+inline std::array<std::pair<const float*, size_t>, 5> matmul_input_activations(const ActivationTensors& a,
+                                                                               const GPTConfig& c, int B, int T) {
+    const size_t BT = (size_t)B * T, C = c.channels, L = c.num_layers;
+    return {{{a.ln1, L * BT * C}, {a.atty, L * BT * C}, {a.ln2, L * BT * C}, {a.fch_gelu, L * BT * 4 * C},
+             {a.lnf, BT * C}}};
+}
+
 // The gradients of the activations. The backward pass needs one buffer per
 // distinct tensor it writes; shapes as in ActivationTensors.
 struct ActivationGrads {
@@ -310,6 +321,8 @@ struct GPT {
     GPT& operator=(const GPT&) = delete;
     ~GPT() {
         ops::unregister_parameters(params_memory);
+        if (acts_memory)
+            for (const auto& range : matmul_input_activations(acts, config, B, T)) ops::unregister_activation_copy(range.first);
         for (void* p : {(void*)params_memory, (void*)grads_memory, (void*)m_memory, (void*)v_memory,
                         (void*)acts_memory, (void*)grad_acts_memory, (void*)inputs, (void*)targets,
                         (void*)attn_idx_memory, (void*)attn_logw_memory, (void*)attn_topk_scratch})
@@ -411,6 +424,10 @@ inline void gpt_build(GPT& model, const GPTConfig& config, const std::vector<flo
     for (size_t s : sizes) num_acts += s;
     model.acts_memory = ops::device_alloc<float>(num_acts);
     model.acts = point_activations(model.acts_memory, sizes);
+    // from here on the matmul inputs are written only by ops that keep the
+    // backend's copies of them up to date (or followed by refresh_activation_copy)
+    for (const auto& range : matmul_input_activations(model.acts, config, B, T))
+        ops::register_activation_copy(range.first, range.second);
     size_t BT = (size_t)B * T, C = config.channels;
     size_t grad_sizes[NUM_ACTIVATION_GRADS] = {BT * C, BT * C, BT * 3 * C, BT * C, BT * 4 * C, BT * 4 * C};
     model.num_grad_acts = 0;
@@ -492,6 +509,7 @@ inline void gpt_forward(GPT& model, const int* host_inputs, const int* host_targ
             const float nan = NAN;
             ops::copy_to_device(la.atty, &nan, sizeof(nan));
         }
+        ops::refresh_activation_copy(la.atty, (size_t)N * C);  // the attention kernels write fp32 only
         ops::matmul_forward(la.attproj, la.atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, N, C, C);
         ops::residual_forward(la.residual2, residual, la.attproj, (size_t)N * C);
         ops::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.residual2, p.ln2w + l * C, p.ln2b + l * C, N, C);

@@ -62,6 +62,13 @@ inline void register_parameters(const float*, size_t) {}
 inline void unregister_parameters(const float*) {}
 inline void refresh_parameter_copy(const float*, size_t) {}
 
+// Activations that are matmul inputs, for backends that keep derived copies of
+// them (the CUDA bf16 build: a bf16 copy, written by the op that writes the
+// activation). The CPU keeps none.
+inline void register_activation_copy(const float*, size_t) {}
+inline void unregister_activation_copy(const float*) {}
+inline void refresh_activation_copy(const float*, size_t) {}
+
 // Peak FLOP/s the MFU figure is measured against; 0: unknown, no MFU printed.
 inline double device_peak_flops() { return 0.0; }
 

@@ -13,7 +13,9 @@
 // default build runs on tensor cores where the head size allows (attention_exact.cuh). The matmuls (kernels/cuda/matmul.cuh)
 // run bf16 operands with fp32 accumulation by default, the weights read from a
 // bf16 copy of the parameters that AdamW keeps (register_parameters,
-// bf16_parameters.cuh); a build with -DKNNGPT_FP32 keeps them fp32 too, so its
+// bf16_parameters.cuh) and the activations that are matmul inputs from bf16
+// copies that the ops writing them keep (register_activation_copy,
+// bf16_activations.cuh); a build with -DKNNGPT_FP32 keeps them fp32 too, so its
 // steps equal train_gpt_cpu's up to summation order (which test_cuda_trainer
 // checks to 1e-5).
 //

@@ -10,8 +10,8 @@
 // by every AdamW update of a range inside it (adamw.cuh writes the copy in the
 // same pass as the parameters). A bf16 matmul whose weight lies inside the
 // registered buffer reads the copy (bf16_copy_of) instead of converting the
-// weight on each call (matmul.cuh). Activations are not in the buffer and are
-// still converted per call.
+// weight on each call (matmul.cuh). Activations are not in the buffer; those
+// that are matmul inputs have bf16 copies of their own (bf16_activations.cuh).
 //
 // Invariant: while registered, copy == bf16(params) elementwise, so reading the
 // copy gives bit for bit what converting would. Every write to the parameters

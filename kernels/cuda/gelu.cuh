@@ -6,12 +6,14 @@
 //
 // Shapes: any, flattened to N elements (in the model: (B, T, 4C)).
 // Backward needs the forward's input (inp), not its output. Backward accumulates (+=).
-// Device pointers; one thread per element.
+// Device pointers; one thread per element. When out lies in a registered activation
+// (bf16_activations.cuh: fch_gelu), the forward writes its bf16 copy too.
 #pragma once
 
 #include <cstddef>
 
 #include "kernels/common/gelu.h"
+#include "kernels/cuda/bf16_activations.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -25,10 +27,12 @@ __host__ __device__ __forceinline__ float gelu_tanh(float x) {
 
 // ---- CUDA kernels -------------------------------------------------------------
 
-__global__ void gelu_forward_kernel(float* out, const float* inp, size_t N) {
+// out_bf16: nullptr, or (N) receiving bf16(out)
+__global__ void gelu_forward_kernel(float* out, __nv_bfloat16* out_bf16, const float* inp, size_t N) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     out[i] = gelu_tanh(inp[i]);
+    if (out_bf16) out_bf16[i] = __float2bfloat16(out[i]);
 }
 
 __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float* dout, size_t N) {
@@ -42,7 +46,8 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 
 inline void gelu_forward(float* out, const float* inp, size_t N) {
     if (N == 0) return;
-    launch(gelu_forward_kernel, (unsigned)ceil_div(N, (size_t)kGeluThreads), kGeluThreads, 0, nullptr, out, inp, N);
+    launch(gelu_forward_kernel, (unsigned)ceil_div(N, (size_t)kGeluThreads), kGeluThreads, 0, nullptr, out,
+           activation_copy_of(out, N), inp, N);
 }
 
 inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {

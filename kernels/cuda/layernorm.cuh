@@ -12,7 +12,9 @@
 //
 // Shapes: inp/out/dout/dinp (N, C) with N = B*T rows; weight, bias, dweight, dbias (C);
 // mean, rstd (N), saved by forward for backward. Backward accumulates (+=) into
-// dinp, dweight and dbias; the caller zeroes them. Device pointers.
+// dinp, dweight and dbias; the caller zeroes them. Device pointers. When out lies
+// in a registered activation (bf16_activations.cuh: ln1, ln2, lnf), the forward
+// writes its bf16 copy too, in the same pass.
 //
 // Design: one warp per row for everything that reduces over a row (forward,
 // dinp), with warp_reduce_sum. dweight/dbias reduce over rows instead, in two
@@ -24,6 +26,7 @@
 #include <cstddef>
 
 #include "kernels/common/layernorm.h"
+#include "kernels/cuda/bf16_activations.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace knngpt::cuda {
@@ -34,8 +37,9 @@ constexpr int kLayerNormParamRows = 256;     // rows per block of the dweight/db
 
 // ---- CUDA kernels -------------------------------------------------------------
 
-__global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, const float* inp,
-                                         const float* weight, const float* bias, int N, int C) {
+// out_bf16: nullptr, or (N, C) receiving bf16(out)
+__global__ void layernorm_forward_kernel(float* out, __nv_bfloat16* out_bf16, float* mean, float* rstd,
+                                         const float* inp, const float* weight, const float* bias, int N, int C) {
     // this warp owns row n; a whole warp leaves together, so the shuffles stay full
     const int lane_id = threadIdx.x % 32;
     const int warp_id = threadIdx.x / 32;
@@ -52,7 +56,11 @@ __global__ void layernorm_forward_kernel(float* out, float* mean, float* rstd, c
     for (int c = lane_id; c < C; c += 32) sum_sq += (x[c] - m) * (x[c] - m);
     const float s = layernorm_rstd(warp_reduce_sum(sum_sq), C);
     // normalise, then scale and shift
-    for (int c = lane_id; c < C; c += 32) y[c] = layernorm_output(x[c], m, s, weight[c], bias[c]);
+    __nv_bfloat16* y_bf16 = out_bf16 ? out_bf16 + (size_t)n * C : nullptr;
+    for (int c = lane_id; c < C; c += 32) {
+        y[c] = layernorm_output(x[c], m, s, weight[c], bias[c]);
+        if (y_bf16) y_bf16[c] = __float2bfloat16(y[c]);
+    }
     // cache for backward
     if (lane_id == 0) {
         mean[n] = m;
@@ -126,8 +134,8 @@ inline void layernorm_forward(float* out, float* mean, float* rstd, const float*
                               const float* bias, int N, int C) {
     if (N == 0) return;
     const int rows_per_block = kLayerNormThreads / 32;
-    launch(layernorm_forward_kernel, ceil_div(N, rows_per_block), kLayerNormThreads, 0, nullptr, out, mean, rstd,
-           inp, weight, bias, N, C);
+    launch(layernorm_forward_kernel, ceil_div(N, rows_per_block), kLayerNormThreads, 0, nullptr, out,
+           activation_copy_of(out, (size_t)N * C), mean, rstd, inp, weight, bias, N, C);
 }
 
 inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,

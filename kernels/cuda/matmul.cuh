@@ -23,8 +23,12 @@
 //         modes. The signatures are the same in both modes: the rounding
 //         happens inside, by convert_to_bf16 (bf16_parameters.cuh) into a scratch buffer.
 //         A weight that is a registered parameter is read from the bf16
-//         copy of the parameters (bf16_parameters.cuh, kept by AdamW), any
-//         other operand is converted on every call.
+//         copy of the parameters (bf16_parameters.cuh, kept by AdamW), an
+//         input that is a registered activation from its bf16 copy
+//         (bf16_activations.cuh, written by the op that wrote it); any other
+//         operand (the gradients dout) is converted on every call. A copy
+//         holds the very values the conversion would give, so where an
+//         operand comes from changes no bit; matmul_operand_stats() counts it.
 // The default is the build's: BF16, or FP32 in a build with -DKNNGPT_FP32.
 // Tests set matmul_precision() at run time to test both modes.
 //
@@ -106,6 +110,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cuda/bf16_activations.cuh"
 #include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gelu.cuh"
@@ -241,11 +246,34 @@ inline const __nv_bfloat16* to_bf16(int slot, const float* x, size_t count) {
     return out;
 }
 
-// A weight rounded to bf16: the parameters' bf16 copy when the weight is a
-// registered parameter (bf16_parameters.cuh), else converted into slot `slot`.
-inline const __nv_bfloat16* weight_to_bf16(int slot, const float* weight, size_t count) {
-    const __nv_bfloat16* copy = bf16_copy_of(weight, count);
-    return copy ? copy : to_bf16(slot, weight, count);
+// Where the bf16 GEMM operands came from since the start (or matmul_release()).
+struct MatmulOperandStats {
+    size_t parameter_copies = 0;   // a weight read from the parameters' bf16 copy
+    size_t activation_copies = 0;  // an input read from its activation's bf16 copy
+    size_t converted = 0;          // anything else, converted into a scratch slot
+};
+
+inline MatmulOperandStats& matmul_operand_counts() {
+    static MatmulOperandStats stats;
+    return stats;
+}
+
+// The count floats at x as a bf16 GEMM operand: the parameters' bf16 copy when x
+// is a registered parameter (bf16_parameters.cuh), its activation's copy when it
+// is a registered activation (bf16_activations.cuh), else converted into slot
+// `slot`: the same values in all three cases.
+inline const __nv_bfloat16* bf16_operand(int slot, const float* x, size_t count) {
+    MatmulOperandStats& stats = matmul_operand_counts();
+    if (const __nv_bfloat16* copy = bf16_copy_of(x, count)) {
+        stats.parameter_copies++;
+        return copy;
+    }
+    if (const __nv_bfloat16* copy = activation_copy_of(x, count)) {
+        stats.activation_copies++;
+        return copy;
+    }
+    stats.converted++;
+    return to_bf16(slot, x, count);
 }
 
 #if defined(KNNGPT_CUDA_EMU)
@@ -414,6 +442,7 @@ struct MatmulLibrary {
         handle = nullptr;
 #endif
         stats = MatmulPlanStats{};
+        matmul_operand_counts() = MatmulOperandStats{};
     }
 };
 
@@ -644,8 +673,8 @@ inline void matmul_forward_epilogue(float* out, float* gelu_out, const float* in
     const void* a = weight;  // the GEMM operands: the fp32 arrays, or their bf16 roundings
     const void* b = inp;
     if (precision == MatmulPrecision::BF16) {
-        a = detail::weight_to_bf16(0, weight, (size_t)OC * C);
-        b = detail::to_bf16(1, inp, (size_t)N * C);
+        a = detail::bf16_operand(0, weight, (size_t)OC * C);
+        b = detail::bf16_operand(1, inp, (size_t)N * C);
     }
     // out^T (OC, N) = weight (OC, C) . inp^T (C, N); with GELU fused the GEMM
     // writes gelu_out and stores its input in out
@@ -657,7 +686,10 @@ inline void matmul_forward_epilogue(float* out, float* gelu_out, const float* in
     bool fused = !epilogue.empty() &&
                  detail::gemm_col_major(precision, true, false, OC, N, C, a, C, b, C, 0.0f, fuse_gelu ? gelu_out : out,
                                         OC, epilogue);
-    if (fused && fuse_gelu) return;
+    if (fused && fuse_gelu) {
+        refresh_activation_copy(gelu_out, (size_t)N * OC);  // the library's epilogue wrote fp32 only
+        return;
+    }
     if (!fused) {
         detail::gemm_col_major(precision, true, false, OC, N, C, a, C, b, C, 0.0f, out, OC);
         if (bias != nullptr) {
@@ -694,8 +726,8 @@ inline void matmul_forward(__nv_bfloat16* out, const float* inp, const float* we
     }
     if (N == 0 || OC == 0) return;
     if (matmul_precision() == MatmulPrecision::BF16) {
-        const void* a = detail::weight_to_bf16(0, weight, (size_t)OC * C);
-        const void* b = detail::to_bf16(1, inp, (size_t)N * C);
+        const void* a = detail::bf16_operand(0, weight, (size_t)OC * C);
+        const void* b = detail::bf16_operand(1, inp, (size_t)N * C);
         detail::gemm_col_major(MatmulPrecision::BF16, true, false, OC, N, C, a, C, b, C, 0.0f, out, OC,
                                detail::GemmEpilogue{}, true);
         return;
@@ -713,10 +745,10 @@ inline void matmul_backward_gemms(MatmulPrecision precision, float* dinp, float*
                                   const float* inp, const float* weight, int N, int C, int OC) {
     const bool bf16 = precision == MatmulPrecision::BF16;
     // slot 1 holds weight, then inp (the stream orders the second conversion after the first GEMM)
-    const void* weight_operand = bf16 ? (const void*)weight_to_bf16(1, weight, (size_t)OC * C) : weight;
+    const void* weight_operand = bf16 ? (const void*)bf16_operand(1, weight, (size_t)OC * C) : weight;
     // dinp^T (C, N) = weight^T (C, OC) . dout^T (OC, N)
     gemm_col_major(precision, false, false, C, N, OC, weight_operand, C, dout_operand, OC, 0.0f, dinp, C);
-    const void* inp_operand = bf16 ? (const void*)to_bf16(1, inp, (size_t)N * C) : inp;
+    const void* inp_operand = bf16 ? (const void*)bf16_operand(1, inp, (size_t)N * C) : inp;
     // dweight^T (C, OC) += inp^T (C, N) . dout (N, OC)
     gemm_col_major(precision, false, true, C, OC, N, inp_operand, C, dout_operand, OC, 1.0f, dweight, C);
 }
@@ -746,7 +778,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     const MatmulPrecision precision = matmul_precision();
     // dout is an operand of both GEMMs: rounded once, in slot 0
     const void* dout_operand =
-        precision == MatmulPrecision::BF16 ? (const void*)detail::to_bf16(0, dout, (size_t)N * OC) : dout;
+        precision == MatmulPrecision::BF16 ? (const void*)detail::bf16_operand(0, dout, (size_t)N * OC) : dout;
     detail::matmul_backward_gemms(precision, dinp, dweight, dout_operand, inp, weight, N, C, OC);
     if (dbias != nullptr) detail::matmul_dbias(dbias, dout, N, OC);
 }
@@ -775,8 +807,12 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const __n
 // How the GEMM plan cache has been used (hits, misses, evictions, plans held).
 inline detail::MatmulPlanStats matmul_plan_stats() { return detail::matmul_library().stats; }
 
+// Where the bf16 GEMM operands came from (parameter copy, activation copy, converted).
+inline detail::MatmulOperandStats matmul_operand_stats() { return detail::matmul_operand_counts(); }
+
 // Frees the cached GEMM plans and, under nvcc, the cuBLASLt handle and
-// workspace; the next matmul creates them again. At exit this happens by itself.
+// workspace, and zeroes both counters; the next matmul creates them again. At
+// exit this happens by itself.
 inline void matmul_release() { detail::matmul_library().release(); }
 
 }  // namespace knngpt::cuda

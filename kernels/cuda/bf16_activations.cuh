@@ -1,0 +1,116 @@
+// kernels/cuda/bf16_activations.cuh — bf16 copies of the activations that are
+// matmul inputs, written by the ops that write the activations.
+//
+//   copy[i] = bf16(act[i])   round to nearest, ties to even (__float2bfloat16)
+//
+// A bf16 matmul rounds both operands to bf16 (matmul.cuh). Its weights come
+// from the parameters' bf16 copy (bf16_parameters.cuh); its input, an
+// activation, was converted on every call, once in the forward and again in
+// the backward's dweight GEMM. The model registers the activations that are
+// matmul inputs (model/gpt.h: ln1, atty, ln2, fch_gelu, lnf, each its whole
+// (L, B, T, C)-like range); from then on this file keeps a bf16 copy of each
+// range, and the op that writes a registered activation writes its copy too:
+//   layernorm_forward    in the same kernel (layernorm.cuh)
+//   gelu_forward         in the same kernel (gelu.cuh)
+//   matmul_forward_gelu  a conversion after the library's fused GELU epilogue,
+//                        which writes fp32 (matmul.cuh)
+//   anything else        refresh_activation_copy(p, count) after the write
+//                        (the model calls it after attention, whose many
+//                        kernels write fp32)
+// A matmul whose input lies inside a registered range reads the copy
+// (bf16_operand in matmul.cuh) instead of converting.
+//
+// Invariant: after a registered activation is written, copy == bf16(act) on
+// the written range, so reading the copy gives bit for bit what converting
+// would: the bf16 build's steps are the same with or without copies
+// (test_cuda_trainer checks it). The fp32 values stay: the attention backward
+// reads atty, the non-finite search and the tests read all of them.
+//
+// Cost and saving, in bytes a row (of C channels) and layer: the copies take 2 B
+// a value more memory (7C values: at GPT-2 124M, B 16, T 1024 ln1, atty, ln2
+// 0.30 GB each, fch_gelu 1.21 GB, lnf 0.03 GB: 2.1 GB). The per-call
+// conversions read 4 B and wrote 2 B a value, for the 7C activation values
+// twice (84C B) and the 9C gradient values (the douts dqkv, dattproj, dfch, dfcproj)
+// once (54C B). With copies the layernorms write 2 B more (6C B), atty and the
+// fused GELU's output are converted once (30C B): 84C -> 36C, a saving of 48C B,
+// ~7 GB a step at that shape (~2 ms at 4 TB/s, ~3 % of a 58 ms step).
+//
+// The fp32 build (-DKNNGPT_FP32) keeps no copies (its matmuls read fp32), and
+// bf16_activation_copies() = false (tests) makes registration a no-op, so the
+// matmuls convert per call as before. Unregister a range before its memory is
+// freed, so a later allocation at the same address is never taken for it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/bf16_parameters.cuh"
+#include "kernels/cuda/common.cuh"
+
+namespace knngpt::cuda {
+
+// Whether register_activation_copy keeps a copy (the build's default: yes in the
+// bf16 build, no with -DKNNGPT_FP32). Tests assign it to compare both ways.
+inline bool& bf16_activation_copies() {
+#if defined(KNNGPT_FP32)
+    static bool enabled = false;
+#else
+    static bool enabled = true;
+#endif
+    return enabled;
+}
+
+struct Bf16ActivationCopy {
+    const float* begin = nullptr;  // the registered fp32 range
+    size_t count = 0;
+    __nv_bfloat16* copy = nullptr;  // (count) bf16 of the range, as last written
+};
+
+inline std::vector<Bf16ActivationCopy>& bf16_activation_registry() {
+    static std::vector<Bf16ActivationCopy> registered;
+    return registered;
+}
+
+// Forgets the copy of the range starting at begin (if any) and frees it.
+inline void unregister_activation_copy(const float* begin) {
+    auto& registry = bf16_activation_registry();
+    for (size_t i = 0; i < registry.size(); i++) {
+        if (registry[i].begin != begin) continue;
+        CUDA_CHECK(cudaFree(registry[i].copy));
+        registry.erase(registry.begin() + (std::ptrdiff_t)i);
+        return;
+    }
+}
+
+// Keeps a bf16 copy of the activation range [begin, begin + count) from now on
+// (its contents are written by the next op that writes the range).
+inline void register_activation_copy(const float* begin, size_t count) {
+    if (!bf16_activation_copies() || begin == nullptr || count == 0) return;
+    unregister_activation_copy(begin);
+    Bf16ActivationCopy entry;
+    entry.begin = begin;
+    entry.count = count;
+    CUDA_CHECK(cudaMalloc(&entry.copy, count * sizeof(__nv_bfloat16)));
+    bf16_activation_registry().push_back(entry);
+}
+
+// The bf16 copy of [p, p + count) when that range lies inside a registered
+// activation, else nullptr.
+inline __nv_bfloat16* activation_copy_of(const float* p, size_t count) {
+    if (p == nullptr) return nullptr;
+    for (const Bf16ActivationCopy& r : bf16_activation_registry()) {
+        // compared as addresses: p may belong to another allocation
+        const uintptr_t begin = (uintptr_t)r.begin, end = begin + r.count * sizeof(float), at = (uintptr_t)p;
+        if (at >= begin && at + count * sizeof(float) <= end) return r.copy + (p - r.begin);
+    }
+    return nullptr;
+}
+
+// Writes the copy of [p, p + count) again from the fp32 values, after an op that
+// writes only those; nothing outside a registered range.
+inline void refresh_activation_copy(const float* p, size_t count) {
+    if (__nv_bfloat16* copy = activation_copy_of(p, count)) convert_to_bf16(copy, p, count);
+}
+
+}  // namespace knngpt::cuda
