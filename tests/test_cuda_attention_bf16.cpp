@@ -9,7 +9,7 @@
 //   - sharply, against the fp32 CPU twin run on bf16-rounded inputs: the lse
 //     depends on q, k only through S, which the kernel forms exactly from the
 //     bf16 q, k with fp32 sums, so it matches to 1e-5; the output's only other
-//     rounding is that of P >= 0 in P V, a relative error <= u = 2^-9 in each
+//     rounding is that of P >= 0 in P V, a relative error <= u = 2^-8 in each
 //     term of a convex combination of the v_j, so it is within u max|v| (plus
 //     fp32 slack) of the CPU output on bf16 q, k, v; likewise dV is within
 //     u max|dO| max_j sum_i P_ij of the CPU dV on bf16 q, k, v, dO (same lse);
@@ -43,11 +43,11 @@ using Shape = knngpt_test::AttentionShape;
 namespace {
 
 // Against fp32, relative to the largest entry: the header's error model gives
-// a few u = 2^-9 (u ~ 2e-3) for O(1) inputs and scores of a few units; seen
+// a few u = 2^-8 (u ~ 3.9e-3) for O(1) inputs and scores of a few units; seen
 // are 2.5e-3 .. 4.5e-3 on these shapes, so 1e-2 leaves a margin of two.
 constexpr double kTolerance = 1e-2;
 constexpr double kSharpTolerance = 1e-5;  // fp32 summation order and expf
-constexpr double kUnitRoundoff = 1.0 / 512.0;  // 2^-9, bf16 round to nearest
+constexpr double kUnitRoundoff = 1.0 / 256.0;  // 2^-8, bf16 (8 significant bits) round to nearest
 constexpr double kNotTiny = 1e-4;  // an fp32 kernel is at ~1e-6
 
 float to_bf16(float x) { return (float)__float2bfloat16(x); }
