@@ -779,4 +779,34 @@ CUDA_TEST(CudaMatmul, Bf16OutputAndBf16DoutMatchTheFloatPathsBitForBit) {
     }
 }
 
+// Empty sums, for both dout types: OC = 0 gives dinp = 0 (written, though nothing is
+// summed) and no GEMM; N = 0 writes nothing (dinp is empty) and leaves dweight, dbias.
+CUDA_TEST(CudaMatmul, BackwardOfAnEmptySumZeroesDinpAndLeavesTheRest) {
+    const int N = 5, C = 3, OC = 4;
+    const std::vector<float> placeholder = {9.0f}, dweight0 = uniform((size_t)OC * C, 65), dbias0 = uniform(OC, 66);
+    DeviceArray<float> d_inp(uniform((size_t)N * C, 67)), d_weight(dweight0), d_dout(placeholder);
+    DeviceArray<__nv_bfloat16> d_dout16(std::vector<__nv_bfloat16>(1, __float2bfloat16(9.0f)));
+    for (bool bf16_dout : {false, true}) {
+        SCOPED_TRACE(bf16_dout ? "bf16 dout" : "float dout");
+        auto backward = [&](float* dinp, float* dweight, float* dbias, int n, int oc) {
+            if (bf16_dout)
+                knngpt::cuda::matmul_backward(dinp, dweight, dbias, d_dout16.ptr, d_inp.ptr, d_weight.ptr, n, C, oc);
+            else
+                knngpt::cuda::matmul_backward(dinp, dweight, dbias, d_dout.ptr, d_inp.ptr, d_weight.ptr, n, C, oc);
+        };
+        // OC = 0: dinp (N, C) = 0; dweight and dbias have no entries (placeholders stay)
+        DeviceArray<float> d_dinp(std::vector<float>((size_t)N * C, 7.0f)), d_dweight(placeholder), d_dbias(placeholder);
+        backward(d_dinp.ptr, d_dweight.ptr, d_dbias.ptr, N, 0);
+        EXPECT_EQ(d_dinp.to_host(), std::vector<float>((size_t)N * C, 0.0f));
+        EXPECT_EQ(d_dweight.to_host(), placeholder);
+        EXPECT_EQ(d_dbias.to_host(), placeholder);
+        // N = 0: dinp has no entries; dweight (OC, C) and dbias (OC) unchanged
+        DeviceArray<float> d_dinp0(placeholder), d_dweight0(dweight0), d_dbias0(dbias0);
+        backward(d_dinp0.ptr, d_dweight0.ptr, d_dbias0.ptr, 0, OC);
+        EXPECT_EQ(d_dinp0.to_host(), placeholder);
+        EXPECT_EQ(d_dweight0.to_host(), dweight0);
+        EXPECT_EQ(d_dbias0.to_host(), dbias0);
+    }
+}
+
 }  // namespace

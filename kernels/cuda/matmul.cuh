@@ -753,6 +753,13 @@ inline void matmul_backward_gemms(MatmulPrecision precision, float* dinp, float*
     gemm_col_major(precision, false, true, C, OC, N, inp_operand, C, dout_operand, OC, 1.0f, dweight, C);
 }
 
+// N == 0 or OC == 0: every sum is empty, so dinp = 0 and dweight, dbias stay; true then
+inline bool matmul_backward_of_empty_sum(float* dinp, int N, int C, int OC) {
+    if (N > 0 && OC > 0) return false;
+    if (N > 0 && C > 0) CUDA_CHECK(cudaMemset(dinp, 0, (size_t)N * C * sizeof(float)));
+    return true;
+}
+
 // dbias += sum_n dout[n, :] in two passes (see "dbias" in the file header): chunk partial
 // sums, then their fixed-order sum; dout fp32 or bf16 (widened, exactly)
 template <class Dout>
@@ -771,10 +778,7 @@ inline void matmul_dbias(float* dbias, const Dout* dout, int N, int OC) {
 // dweight += dout^T @ inp and dbias += sum_n dout[n, :] (accumulated).
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                             const float* weight, int N, int C, int OC) {
-    if (N == 0 || OC == 0) {  // an empty sum: dinp = 0, the others unchanged
-        if (N > 0 && C > 0) CUDA_CHECK(cudaMemset(dinp, 0, (size_t)N * C * sizeof(float)));
-        return;
-    }
+    if (detail::matmul_backward_of_empty_sum(dinp, N, C, OC)) return;
     const MatmulPrecision precision = matmul_precision();
     // dout is an operand of both GEMMs: rounded once, in slot 0
     const void* dout_operand =
@@ -788,10 +792,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
 // precision (tests) it is widened, exactly, first. dbias sums the widened values.
 inline void matmul_backward(float* dinp, float* dweight, float* dbias, const __nv_bfloat16* dout, const float* inp,
                             const float* weight, int N, int C, int OC) {
-    if (N == 0 || OC == 0) {
-        if (N > 0 && C > 0) CUDA_CHECK(cudaMemset(dinp, 0, (size_t)N * C * sizeof(float)));
-        return;
-    }
+    if (detail::matmul_backward_of_empty_sum(dinp, N, C, OC)) return;
     const MatmulPrecision precision = matmul_precision();
     const void* dout_operand = dout;
     if (precision == MatmulPrecision::FP32) {
