@@ -335,6 +335,25 @@ TEST_F(Trainer, AttnWarmupTrainsExactFirstThenTheConfiguredAttention) {
     EXPECT_NE(w[0], k[0]);
     // the validation runs the configured attention: the final val loss is not exact's
     EXPECT_NE(knngpt_test::final_val_loss(warm.out), knngpt_test::final_val_loss(exact.out));
+    // and so does every validation inside the warmup: at step 2 the model is the exact run's,
+    // and its val loss is what the exact run reports for it under --attn-eval knn:k=4
+    RunResult exact_eval = run(base() + " -x 8 -v 2 --attn exact --attn-eval knn:k=4", tmp);
+    RunResult warm_val = run(base() + " -x 8 -v 2 --attn knn --attn-k 4 --attn-warmup 4", tmp);
+    ASSERT_EQ(exact_eval.exit_code, 0) << exact_eval.err;
+    ASSERT_EQ(warm_val.exit_code, 0) << warm_val.err;
+    // "val loss X" printed at `step`, for the run's own attention (`spec` empty) or an --attn-eval one
+    auto val_at = [](const std::string& out, int step, const std::string& spec) {
+        const std::string tail = spec.empty() ? "\n" : " \\| attention " + spec + "\n";
+        std::smatch m;
+        const std::regex re("val loss ([0-9.]+) \\| perplexity [0-9.]+ \\| step " + std::to_string(step) + tail);
+        return std::regex_search(out, m, re) ? m[1].str() : std::string();
+    };
+    const std::string knn_at_2 = val_at(exact_eval.out, 2, "knn:k=4"), exact_at_2 = val_at(exact_eval.out, 2, ""),
+                      warm_at_2 = val_at(warm_val.out, 2, "");
+    ASSERT_FALSE(knn_at_2.empty() || exact_at_2.empty()) << exact_eval.out;
+    ASSERT_FALSE(warm_at_2.empty()) << warm_val.out;
+    EXPECT_EQ(warm_at_2, knn_at_2) << "a validation inside the warmup ran another attention than --attn's";
+    EXPECT_NE(knn_at_2, exact_at_2) << "knn k = 4 and exact give the same val loss: the check cannot fail";
     for (int s : {4, 6, 8}) {
         std::remove((dir + "/model_0000000" + std::to_string(s) + ".bin").c_str());
         std::remove((dir + "/state_0000000" + std::to_string(s) + ".bin").c_str());

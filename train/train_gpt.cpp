@@ -725,6 +725,7 @@ static int run(const Options& o) {
                                     ? (int)comm.all_reduce_host((double)g_stop_signal, ReduceOp::Max)
                                     : 0;
         if (!stop_signal && ((o.val_every > 0 && step % o.val_every == 0) || last_step)) {
+            gpt_set_attention(model, attn);  // the configured attention, also while --attn-warmup trains exact
             last_val_loss = evaluate(model, val_loader, o.val_max_steps, val_inputs, val_targets, comm);
             printf("val loss %.6f | perplexity %.4f | step %d\n", last_val_loss, std::exp(last_val_loss), step);
             if (log) fprintf(log, "s:%d tel:%f\n", step, last_val_loss);
