@@ -276,11 +276,11 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
         int pending = 0;
         auto compare_pending = [&]() {
             if (pending == 0) return;
-            // the truncated Gumbels side by side (unused lanes repeat lane 0's value: in range, unread)
+            // the truncated Gumbels side by side (unused lanes take the middle of x's range: unread)
             double x_t[kLazyGumbelScoreBatch], E[kLazyGumbelScoreBatch], g[kLazyGumbelScoreBatch];
             for (int e = 0; e < pending; e++)  // x = u expm1(-e^-B); E = -log1p(x) is Exp(1) below e^-B
                 x_t[e] = lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, pending_pos[e]) * trunc_scale;
-            for (int e = pending; e < kLazyGumbelScoreBatch; e++) x_t[e] = x_t[0];
+            for (int e = pending; e < kLazyGumbelScoreBatch; e++) x_t[e] = 0.5 * trunc_scale;
             for (int e = 0; e < kLazyGumbelScoreBatch; e++) E[e] = -sampler_log1p(x_t[e]);
             for (int e = 0; e < kLazyGumbelScoreBatch; e++) g[e] = -sampler_log(E[e]);  // Gumbel truncated to (B, inf)
             // scored after the draws: the prefetched key rows have had that long to arrive
