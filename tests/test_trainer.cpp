@@ -354,6 +354,17 @@ TEST_F(Trainer, AttnWarmupTrainsExactFirstThenTheConfiguredAttention) {
     ASSERT_FALSE(warm_at_2.empty()) << warm_val.out;
     EXPECT_EQ(warm_at_2, knn_at_2) << "a validation inside the warmup ran another attention than --attn's";
     EXPECT_NE(knn_at_2, exact_at_2) << "knn k = 4 and exact give the same val loss: the check cannot fail";
+    // a sample inside the warmup runs the configured attention too, whether or not a validation
+    // ran at its step (before, it ran exact attention when none had); k = 1 and 64 tokens, so the
+    // attention shows in the text
+    auto sample_at_2 = [](const std::string& out) {
+        const size_t at = out.find("---- sample (step 2) ----");
+        return at == std::string::npos ? std::string() : out.substr(at, out.find("-------------------------", at + 26) - at);
+    };
+    RunResult sampled_no_val = run(base() + " -x 3 -s 2 -g 64 --attn knn --attn-k 1 --attn-warmup 4", tmp);
+    RunResult sampled_val = run(base() + " -x 3 -s 2 -g 64 -v 2 --attn knn --attn-k 1 --attn-warmup 4", tmp);
+    ASSERT_FALSE(sample_at_2(sampled_no_val.out).empty()) << sampled_no_val.out;
+    EXPECT_EQ(sample_at_2(sampled_no_val.out), sample_at_2(sampled_val.out));
     for (int s : {4, 6, 8}) {
         std::remove((dir + "/model_0000000" + std::to_string(s) + ".bin").c_str());
         std::remove((dir + "/state_0000000" + std::to_string(s) + ".bin").c_str());

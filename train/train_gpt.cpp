@@ -137,7 +137,7 @@ Attention
                    with the relative threshold); also sets the width w (0 < A <= 4; default 1/3, the paper's)
   --attn-seed N    seed of every attention random draw (Philox; default 0)
   --attn-warmup N  exact attention (forward and gradient) for the first N steps, then the --attn
-                   settings (default 0); validation always runs the --attn settings
+                   settings (default 0); validations and samples always run the --attn settings
   --attn-eval LIST also report the validation loss under other attention settings, a comma-separated
                    list of MODE[:k=K][:m=M][:index=I] (e.g. exact,knn:k=8,knn-tail:k=8:m=8)
 Optimisation
@@ -740,6 +740,7 @@ static int run(const Options& o) {
         }
         // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
         if (rank == 0 && !o.eval_only && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step)) {
+            gpt_set_attention(model, attn);  // samples too run the configured attention (see the validation)
             std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens, prompt);
             printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
         }
