@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "tests/device_array.h"
@@ -79,7 +80,8 @@ std::vector<float> train(GPT& model) {
 
 // The registry itself: a range is found inside its registration only (at its
 // offset into the copy), not straddling its end, not after it is forgotten, and
-// not at all when copies are switched off.
+// not at all when copies are switched off; a write across its edge, and a second
+// registration overlapping it, stop with an error (they would leave a copy stale).
 CUDA_TEST(CudaActivationCopies, ARangeIsFoundOnlyInsideItsRegistration) {
     knngpt_test::DeviceArray<float> buffer(100);
     const float* act = buffer.ptr + 10;  // registered: [10, 90)
@@ -95,6 +97,14 @@ CUDA_TEST(CudaActivationCopies, ARangeIsFoundOnlyInsideItsRegistration) {
     EXPECT_EQ(cuda::activation_copy_of(act + 30, 51), nullptr);  // past the end
     EXPECT_EQ(cuda::activation_copy_of(buffer.ptr + 9, 2), nullptr);  // before the start
     EXPECT_EQ(cuda::activation_copy_of(buffer.ptr + 90, 1), nullptr);
+    EXPECT_EQ(cuda::activation_copy_to_write(act + 30, 50), copy + 30);
+    EXPECT_EQ(cuda::activation_copy_to_write(buffer.ptr, 10), nullptr);  // outside, touching no range
+    EXPECT_EQ(cuda::activation_copy_to_write(buffer.ptr + 90, 10), nullptr);
+    EXPECT_THROW(cuda::activation_copy_to_write(act + 30, 51), std::logic_error);
+    EXPECT_THROW(cuda::activation_copy_to_write(buffer.ptr + 9, 2), std::logic_error);
+    EXPECT_THROW(cuda::refresh_activation_copy(buffer.ptr, 100), std::logic_error);
+    EXPECT_THROW(cuda::register_activation_copy(buffer.ptr + 5, 10), std::logic_error);
+    EXPECT_EQ(cuda::activation_copy_of(buffer.ptr + 5, 5), nullptr) << "the refused range was kept";
     // refresh writes the rounded values of the range given, there only
     std::vector<float> host(100);
     for (int i = 0; i < 100; i++) host[i] = 1.0f + i / 1024.0f;  // not all representable in bf16

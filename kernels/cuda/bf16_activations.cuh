@@ -21,9 +21,10 @@
 // (bf16_operand in matmul.cuh) instead of converting.
 //
 // Invariant: after a registered activation is written, copy == bf16(act) on
-// the written range, so reading the copy gives bit for bit what converting
+// the written range (a write across a range's edge, or ranges that overlap, are
+// refused: activation_copy_to_write, register_activation_copy), so reading the copy gives bit for bit what converting
 // would: the bf16 build's steps are the same with or without copies
-// (test_cuda_trainer checks it). The fp32 values stay: the attention backward
+// (test_cuda_model checks it). The fp32 values stay: the attention backward
 // reads atty, the non-finite search and the tests read all of them.
 //
 // Cost and saving, in bytes a row (of C channels) and layer: the copies take 2 B
@@ -31,9 +32,10 @@
 // 0.30 GB each, fch_gelu 1.21 GB, lnf 0.03 GB: 2.1 GB). The per-call
 // conversions read 4 B and wrote 2 B a value, for the 7C activation values
 // twice (84C B) and the 9C gradient values (the douts dqkv, dattproj, dfch, dfcproj)
-// once (54C B). With copies the layernorms write 2 B more (6C B), atty and the
-// fused GELU's output are converted once (30C B): 84C -> 36C, a saving of 48C B,
-// ~7 GB a step at that shape (~2 ms at 4 TB/s, ~3 % of a 58 ms step).
+// once (54C B). With copies the layer's two layernorms write 2 B more (4C B), atty
+// and the fused GELU's output are converted once (30C B): 84C -> 34C, a saving of
+// 50C B of the 138C, ~7.5 GB a step at that shape (~2 ms at 4 TB/s, ~3 % of a
+// 58 ms step).
 //
 // The fp32 build (-DKNNGPT_FP32) keeps no copies (its matmuls read fp32), and
 // bf16_activation_copies() = false (tests) makes registration a no-op, so the
@@ -43,6 +45,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/bf16_parameters.cuh"
@@ -72,6 +76,14 @@ inline std::vector<Bf16ActivationCopy>& bf16_activation_registry() {
     return registered;
 }
 
+namespace detail {
+// Whether [p, p + count) and the registered range r share an element.
+inline bool overlaps(const Bf16ActivationCopy& r, const float* p, size_t count) {
+    const uintptr_t begin = (uintptr_t)r.begin, end = begin + r.count * sizeof(float), at = (uintptr_t)p;
+    return at < end && begin < at + count * sizeof(float);
+}
+}  // namespace detail
+
 // Forgets the copy of the range starting at begin (if any) and frees it.
 inline void unregister_activation_copy(const float* begin) {
     auto& registry = bf16_activation_registry();
@@ -88,6 +100,10 @@ inline void unregister_activation_copy(const float* begin) {
 inline void register_activation_copy(const float* begin, size_t count) {
     if (!bf16_activation_copies() || begin == nullptr || count == 0) return;
     unregister_activation_copy(begin);
+    for (const Bf16ActivationCopy& r : bf16_activation_registry())  // one copy per value
+        if (detail::overlaps(r, begin, count))
+            throw std::logic_error("bf16 activation copies: a range of " + std::to_string(count) +
+                                   " values overlaps a registered one of " + std::to_string(r.count));
     Bf16ActivationCopy entry;
     entry.begin = begin;
     entry.count = count;
@@ -107,10 +123,24 @@ inline __nv_bfloat16* activation_copy_of(const float* p, size_t count) {
     return nullptr;
 }
 
+// The copy that a write of [p, p + count) must keep up to date: activation_copy_of's,
+// and nullptr when the write touches no registered range. A write across a range's
+// edge would leave part of that range's copy stale (a matmul reading it later would
+// see old values), so it stops instead.
+inline __nv_bfloat16* activation_copy_to_write(const float* p, size_t count) {
+    if (p == nullptr || count == 0) return nullptr;
+    if (__nv_bfloat16* copy = activation_copy_of(p, count)) return copy;
+    for (const Bf16ActivationCopy& r : bf16_activation_registry())
+        if (detail::overlaps(r, p, count))
+            throw std::logic_error("bf16 activation copies: a write of " + std::to_string(count) +
+                                   " values crosses the edge of a registered activation of " + std::to_string(r.count));
+    return nullptr;
+}
+
 // Writes the copy of [p, p + count) again from the fp32 values, after an op that
 // writes only those; nothing outside a registered range.
 inline void refresh_activation_copy(const float* p, size_t count) {
-    if (__nv_bfloat16* copy = activation_copy_of(p, count)) convert_to_bf16(copy, p, count);
+    if (__nv_bfloat16* copy = activation_copy_to_write(p, count)) convert_to_bf16(copy, p, count);
 }
 
 }  // namespace knngpt::cuda

@@ -47,7 +47,7 @@ __global__ void gelu_backward_kernel(float* dinp, const float* inp, const float*
 inline void gelu_forward(float* out, const float* inp, size_t N) {
     if (N == 0) return;
     launch(gelu_forward_kernel, (unsigned)ceil_div(N, (size_t)kGeluThreads), kGeluThreads, 0, nullptr, out,
-           activation_copy_of(out, N), inp, N);
+           activation_copy_to_write(out, N), inp, N);
 }
 
 inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {

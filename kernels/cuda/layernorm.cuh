@@ -135,7 +135,7 @@ inline void layernorm_forward(float* out, float* mean, float* rstd, const float*
     if (N == 0) return;
     const int rows_per_block = kLayerNormThreads / 32;
     launch(layernorm_forward_kernel, ceil_div(N, rows_per_block), kLayerNormThreads, 0, nullptr, out,
-           activation_copy_of(out, (size_t)N * C), mean, rstd, inp, weight, bias, N, C);
+           activation_copy_to_write(out, (size_t)N * C), mean, rstd, inp, weight, bias, N, C);
 }
 
 inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
