@@ -380,7 +380,7 @@ compare-long: $(BUILD)/compare_attention $(BUILD)/attn_meter train_gpt_cpu prepa
 	  --setting exact --setting "knn --attn-k 8" --setting "knn --attn-k 16" --setting "knn --attn-k 32" \
 	  --setting "knn --attn-k 64" --setting "knn-tail --attn-k 32 --attn-tail 32" \
 	  --setting "knn --attn-k 32 --attn-index cluster" --setting "knn --attn-k 32 --attn-grad sampled" \
-	  --setting "knn --attn-k 32 --attn-warmup $$(( $(LONG_STEPS) / 2 ))" \
+	  --setting "knn --attn-k 32 --attn-warmup $$(( 2 * $(LONG_STEPS) / 3 ))" \
 	  -- -t 1024 -b 4 --layers 4 --heads 4 --channels 128 -x $(LONG_STEPS) -l 1e-3 -u 100 --shuffle 1 \
 	  -v $$(( $(LONG_STEPS) / 10 )) -m 16 -s 0 -n 500
 
