@@ -16,7 +16,7 @@
 // rounded operation in every build (the FMA instruction, or glibc's exact fmaf on a
 // CPU without one), and an explicit fma cannot be contracted or split differently by
 // either compiler, as `acc += a * b` can. So wherever two kernels must choose the
-// same keys bit for bit (CPU and CUDA, brute and block index), they call these.
+// same keys bit for bit (the CPU and CUDA searches of the exact index), they call these.
 #pragma once
 #include <cmath>
 

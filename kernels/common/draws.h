@@ -4,26 +4,23 @@
 //   key     = the 64-bit --attn-seed
 //   counter = (step, site, row, (purpose << 28) | index)      index < 2^28
 //
-// step: the trainer's call, in three namespaces that never meet
-//   training    the optimizer step t (from 0), the same for all its micro-batches (< 2^30)
-//   sampling    kSamplingDrawStep + position of the generated token
-//   evaluation  kEvaluationDrawStep + validation batch number, so every
-//               evaluation draws the same samples
-// site, row: which attention row a draw belongs to; b is a forward's local batch
-//   row, batch0 the global row of its row 0 in the step's whole batch (draw_batch0),
-//   so a step draws the same samples for a sequence however its batch is split over
-//   processes and micro-batches; (batch0 + B) * T <= 2^32 (draw_rows_fit)
-//   per query row   (layer * NH + head, (batch0 + b) * T + query)      row_draw_site
-//   per head        the site of the head's query 0: row (batch0 + b) * T  head_draw_site
-//                   (signed-start walk starts, KMV hash functions)
-//   LSH tables      (layer * NH + head, table)                         lsh_table_draw_site
-//                   (one set of hyperplanes serves every batch row of a head; LSH
-//                   and KMV both hash with DRAW_HASH, and their sites can coincide
-//                   (row (batch0 + b) T equal to a table number), but never in one
-//                   forward)
-// purpose and index: one stream per use (below); a Philox call gives four 32-bit
-//   words, and a draw uses words 0 (and 1 for 64 bits) or, where a sampler takes two
-//   fp64 uniforms per call, words 0,1 and 2,3, so no two draws share a word.
+// Every draw is a pure function of (seed, step, layer, head, global batch row,
+// query, purpose, index): forward and backward, CPU and CUDA, W processes of B
+// rows, one of W B rows and one of B rows with W micro-batches a step regenerate the
+// same numbers. A Philox call gives four 32-bit words; a draw uses words 0 (and 1
+// for 64 bits) or, where a sampler takes two fp64 uniforms per call, words 0,1 and
+// 2,3, so no two draws share a word. The parts of the counter are laid out below,
+// each above its definitions: purposes and their index ranges, steps, sites.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common/hd.h"
+#include "kernels/common/philox.h"
+
+namespace knngpt {
+
+// purpose and index: one stream per use:
 //   DRAW_HEAD_GUMBEL, DRAW_GEOMETRIC_SKIP, DRAW_TRUNCATED_GUMBEL
 //                   lazy Gumbel sample number n owns a block of calls per purpose
 //                   (lazy_gumbel.h); the `gumbel` forward uses the even numbers
@@ -36,19 +33,7 @@
 //                         the start of signed-start walk n of column c (N = T s)
 //   DRAW_HASH             LSH: m (HS + 1) + d, entry d of hyperplane m; KMV: f (D + 2) + c
 //   DRAW_LIGHT_SAMPLE     index t: light sample t of a KMV row
-// Every draw is therefore a pure function of (seed, step, layer, head, global batch
-// row, query, purpose, index): forward and backward, CPU and CUDA, W processes of B
-// rows, one of W B rows and one of B rows with W micro-batches a step regenerate the
-// same numbers.
-#pragma once
-#include <cmath>
-#include <cstdint>
-
-#include "kernels/common/hd.h"
-#include "kernels/common/philox.h"
-
-namespace knngpt {
-
+//
 // What a draw is for: the top 4 bits of the counter's last word.
 enum DrawPurpose : uint32_t {
     DRAW_HEAD_GUMBEL = 0,       // Gumbel noise on the top-k keys (lazy Gumbel)
@@ -60,6 +45,12 @@ enum DrawPurpose : uint32_t {
     DRAW_LIGHT_SAMPLE = 6,      // KMV light-part samples
 };
 
+// step: the trainer's call, in three namespaces that never meet
+//   training    the optimizer step t (from 0), the same for all its micro-batches (< 2^30)
+//   sampling    kSamplingDrawStep + position of the generated token
+//   evaluation  kEvaluationDrawStep + validation batch number, so every
+//               evaluation draws the same samples
+//
 // Step namespaces (the training steps count from 0 below kSamplingDrawStep).
 constexpr uint32_t kSamplingDrawStep = 0x40000000u;
 constexpr uint32_t kEvaluationDrawStep = 0x80000000u;
@@ -84,6 +75,19 @@ inline uint32_t sampling_draw_step(int position) { return kSamplingDrawStep + (u
 // The step of validation batch `batch` (the same at every evaluation).
 inline uint32_t evaluation_draw_step(int batch) { return kEvaluationDrawStep + (uint32_t)batch; }
 
+// site, row: which attention row a draw belongs to; b is a forward's local batch
+//   row, batch0 the global row of its row 0 in the step's whole batch (draw_batch0),
+//   so a step draws the same samples for a sequence however its batch is split over
+//   processes and micro-batches; (batch0 + B) * T <= 2^32 (draw_rows_fit)
+//   per query row   (layer * NH + head, (batch0 + b) * T + query)      row_draw_site
+//   per head        the site of the head's query 0: row (batch0 + b) * T  head_draw_site
+//                   (signed-start walk starts, KMV hash functions)
+//   LSH tables      (layer * NH + head, table)                         lsh_table_draw_site
+//                   (one set of hyperplanes serves every batch row of a head; LSH
+//                   and KMV both hash with DRAW_HASH, and their sites can coincide
+//                   (row (batch0 + b) T equal to a table number), but never in one
+//                   forward)
+//
 // Where a random stream lives: one (seed, step, site, row).
 struct DrawSite {
     uint64_t seed;

@@ -4,70 +4,16 @@
 // which checks its arguments and calls the core below), kernels/cpu/sampled_grad.h
 // and the CUDA kernels (kernels/cuda/gumbel_attention.cuh, sampled_grad.cuh) all call
 // this code, so for the same row and draw site every backend picks the same key.
-// Everything here is KNNGPT_HD (__host__ __device__ under nvcc) and uses only what
-// compiles in both: <cmath>'s exp, expm1, log1p, log and floor (a few per row or
-// sample) and sampler_log.h's logarithms (every Gumbel, skip and truncated Gumbel; skips
-// side by side in batches of 8, exceeders in batches of kLazyGumbelScoreBatch); no allocation, no output, no abort. The argument checks
-// live in the host wrapper.
 //
-// Attention as an expectation (§1): for query i with keys C_i = {0..i},
-//   s_ij = tau q_i . k_j,   P_ij = exp(s_ij) / sum_{l<=i} exp(s_il),   O_i = E_{J~P_i}[v_J].
+//   s_ij = tau q_i . k_j,  P_ij = exp(s_ij) / sum_{l<=i} exp(s_il),  J ~ P_i exactly:
+//   the Gumbel-max argmax of the row, with one located Gumbel for the whole top-k head
+//   S_i and a Gumbel only for the tail keys that can beat the head's maximum (the
+//   exceeders, reached by geometric skips). The steps are above lazy_gumbel_sample_core.
 //
-// Lazy Gumbel sample J ~ P_i, given the top-k set S_i (§4.2):
-//   1. head: M = max_{j in S_i} (s_ij + G_j) and J = argmax, drawn without a Gumbel per
-//      slot: the maximum of Gumbels located at s_ij is a Gumbel located at
-//      log Z_S = log sum_{j in S_i} e^{s_ij}, and the argmax is independent of it with
-//      law softmax over S_i (§4.3), so  M = log Z_S + G_0  and  J = the first slot whose
-//      cumulative weight sum_{slots <= h} e^{s_ij - s_max} exceeds u Z_S e^{-s_max}:
-//      one Philox call (two uniforms) per sample, and the row's head summary
-//      (LazyGumbelHead: s_max, s_min and the cumulative weights) computed once
-//   2. B = M - s_min,  s_min = min_{j in S_i} s_ij;  p = P(G > B) = -expm1(-e^{-B})
-//   3. walk the tail positions 0..|R_i|-1 (R_i = C_i \ S_i, ascending key order) with
-//      independent Geometric(p) skips, skip = floor(log u / log1p(-p)): every visited
-//      position is one exceeder (a tail key whose Gumbel exceeds B). This is the
-//      Binomial(|R_i|, p) subset of DISTINCT, uniformly placed tail keys, without a
-//      Binomial sampler.
-//   4. each exceeder j gets G_j ~ Gumbel truncated to (B, inf), in the stable form
-//      E = -log1p(u expm1(-e^{-B})), G = -log E   (E = e^{-G} is Exp(1) below e^{-B});
-//      if s_ij + G_j > M then M = s_ij + G_j, J = j.
-//   Tail keys that are not exceeders have s_ij + G_j <= s_min + B = M and cannot win,
-//   so J has the law of the full-row Gumbel-max argmax: an exact sample from P_i.
-//   Expected exceeders <= |R_i| / k (§4.3). Exactness needs S_i to be a true top-k
-//   (min_{S_i} s_ij >= every tail score); with an approximate index a tail key scoring
-//   above s_min can be missed (§4.3 widens B for that case; not done here).
-//
-// Exceeder cap (§9.2): the walk evaluates at most `max_exceeders` exceeders lazily.
-// When it finds one more, it evaluates that exceeder as usual and then finishes the
-// row densely: every remaining tail position after it gets a full (unconditioned)
-// Gumbel, i.e. an exact Gumbel-max over the rest of the row. The remaining positions
-// are exactly the ones the walk had not yet decided, and a full Gumbel exceeds B with
-// probability p, as a skip would have decided, so the sample stays exact. (Restarting
-// a fresh full-row Gumbel-max instead would not be exact: hitting the cap is
-// correlated with a tail key winning.) The caller may count fallbacks.
-//
-// Draw indices (philox.h: index < 2^28 per purpose). At site {seed, step,
-// layer*NH + h, b*T + i}, sample number `sample_index` owns the block of
-//   D(n_i) = ceil(n_i / 2) Philox calls per purpose, starting at sample_index * D(n_i);
-// each call gives two fp64 uniforms (words 0,1 and 2,3), so draw d of a purpose is
-// call sample_index * D + d/2, pair d % 2:
-//   DRAW_HEAD_GUMBEL       d = 0: the head maximum's Gumbel G_0; d = 1: the uniform that
-//                          picks the head slot
-//   DRAW_GEOMETRIC_SKIP    d = walk step (at most |R_i| + 1 <= n_i steps; drawn 8 at a
-//                          time, so up to 7 draws past the walk's end are computed and
-//                          never used, some in the next sample's block)
-//   DRAW_TRUNCATED_GUMBEL  d = tail position (truncated Gumbel for walk exceeders,
-//                          full Gumbel for positions swept after a fallback; a row
-//                          with an empty head set uses it for its plain Gumbel-max)
-// So a row supports 2^28 / D(n_i) sample numbers (2^19 at n_i = 1024). Sample numbers
-// are split between users by parity (draws.h): the `gumbel` forward uses even numbers
-// 2u, the sampled backward (sampled_grad.h) odd numbers 2m + 1, so the backward draws fresh
-// samples (§9.1).
-//
-// Device arithmetic: the per-draw logarithms are sampler_log.h's, the same bits on every
-// device; the few <cmath> calls (exp, expm1, log1p, log of B, p and the head mass) are
-// CUDA's natively (within an ulp or two of glibc's), so a native pick can differ from
-// the CPU's only when two candidates tie within such an ulp, or a skip lands within one
-// of an integer.
+// Design: everything here is KNNGPT_HD (__host__ __device__ under nvcc) and uses only
+// what compiles in both: <cmath>'s exp, expm1, log1p, log and floor (a few per row or
+// sample) and sampler_log.h's logarithms (every Gumbel, skip and truncated Gumbel); no
+// allocation, no output, no abort. The argument checks live in the host wrapper.
 #pragma once
 
 #include <cmath>
@@ -94,6 +40,24 @@ KNNGPT_HD int lazy_gumbel_default_max_exceeders(int tail, int head) {
 // Exceeders scored side by side by the tail walk (attention_scores).
 constexpr int kLazyGumbelScoreBatch = 16;
 
+// Draw indices (philox.h: index < 2^28 per purpose). At site {seed, step,
+// layer*NH + h, b*T + i}, sample number `sample_index` owns the block of
+//   D(n_i) = ceil(n_i / 2) Philox calls per purpose, starting at sample_index * D(n_i);
+// each call gives two fp64 uniforms (words 0,1 and 2,3), so draw d of a purpose is
+// call sample_index * D + d/2, pair d % 2:
+//   DRAW_HEAD_GUMBEL       d = 0: the head maximum's Gumbel G_0; d = 1: the uniform that
+//                          picks the head slot
+//   DRAW_GEOMETRIC_SKIP    d = walk step (at most |R_i| + 1 <= n_i steps; drawn 8 at a
+//                          time, so up to 7 draws past the walk's end are computed and
+//                          never used, some in the next sample's block)
+//   DRAW_TRUNCATED_GUMBEL  d = tail position (truncated Gumbel for walk exceeders,
+//                          full Gumbel for positions swept after a fallback; a row
+//                          with an empty head set uses it for its plain Gumbel-max)
+// So a row supports 2^28 / D(n_i) sample numbers (2^19 at n_i = 1024). Sample numbers
+// are split between users by parity (draws.h): the `gumbel` forward uses even numbers
+// 2u, the sampled backward (sampled_grad.h) odd numbers 2m + 1, so the backward draws fresh
+// samples (§9.1).
+//
 // Fp64 uniform number d of `purpose` for the sample whose block starts at call `base`.
 KNNGPT_HD double lazy_gumbel_uniform(const DrawSite& site, uint32_t purpose, uint32_t base, int d) {
     Philox4 w = philox_draw(site, purpose, base + (uint32_t)(d >> 1));
@@ -208,6 +172,47 @@ struct LazyGumbelTailCursor {
     }
 };
 
+// Attention as an expectation (§1): for query i with keys C_i = {0..i},
+//   s_ij = tau q_i . k_j,   P_ij = exp(s_ij) / sum_{l<=i} exp(s_il),   O_i = E_{J~P_i}[v_J].
+//
+// Lazy Gumbel sample J ~ P_i, given the top-k set S_i (§4.2):
+//   1. head: M = max_{j in S_i} (s_ij + G_j) and J = argmax, drawn without a Gumbel per
+//      slot: the maximum of Gumbels located at s_ij is a Gumbel located at
+//      log Z_S = log sum_{j in S_i} e^{s_ij}, and the argmax is independent of it with
+//      law softmax over S_i (§4.3), so  M = log Z_S + G_0  and  J = the first slot whose
+//      cumulative weight sum_{slots <= h} e^{s_ij - s_max} exceeds u Z_S e^{-s_max}:
+//      one Philox call (two uniforms) per sample, and the row's head summary
+//      (LazyGumbelHead: s_max, s_min and the cumulative weights) computed once
+//   2. B = M - s_min,  s_min = min_{j in S_i} s_ij;  p = P(G > B) = -expm1(-e^{-B})
+//   3. walk the tail positions 0..|R_i|-1 (R_i = C_i \ S_i, ascending key order) with
+//      independent Geometric(p) skips, skip = floor(log u / log1p(-p)): every visited
+//      position is one exceeder (a tail key whose Gumbel exceeds B). This is the
+//      Binomial(|R_i|, p) subset of DISTINCT, uniformly placed tail keys, without a
+//      Binomial sampler.
+//   4. each exceeder j gets G_j ~ Gumbel truncated to (B, inf), in the stable form
+//      E = -log1p(u expm1(-e^{-B})), G = -log E   (E = e^{-G} is Exp(1) below e^{-B});
+//      if s_ij + G_j > M then M = s_ij + G_j, J = j.
+//   Tail keys that are not exceeders have s_ij + G_j <= s_min + B = M and cannot win,
+//   so J has the law of the full-row Gumbel-max argmax: an exact sample from P_i.
+//   Expected exceeders <= |R_i| / k (§4.3). Exactness needs S_i to be a true top-k
+//   (min_{S_i} s_ij >= every tail score); with an approximate index a tail key scoring
+//   above s_min can be missed (§4.3 widens B for that case; not done here).
+//
+// Exceeder cap (§9.2): the walk evaluates at most `max_exceeders` exceeders lazily.
+// When it finds one more, it evaluates that exceeder as usual and then finishes the
+// row densely: every remaining tail position after it gets a full (unconditioned)
+// Gumbel, i.e. an exact Gumbel-max over the rest of the row. The remaining positions
+// are exactly the ones the walk had not yet decided, and a full Gumbel exceeds B with
+// probability p, as a skip would have decided, so the sample stays exact. (Restarting
+// a fresh full-row Gumbel-max instead would not be exact: hitting the cap is
+// correlated with a tail key winning.) The caller may count fallbacks.
+//
+// Device arithmetic: the per-draw logarithms are sampler_log.h's, the same bits on every
+// device; the few <cmath> calls (exp, expm1, log1p, log of B, p and the head mass) are
+// CUDA's natively (within an ulp or two of glibc's), so a native pick can differ from
+// the CPU's only when two candidates tie within such an ulp, or a skip lands within one
+// of an integer.
+//
 // One lazy Gumbel sample of row i (n_i = i + 1 keys): returns J in [0, n_i).
 //   q_i          the query (HS floats); key j at keys + j * stride
 //   topk         the row's k top-k slots: ascending distinct keys below n_i, then -1
@@ -317,7 +322,7 @@ KNNGPT_HD int lazy_gumbel_sample_core(const float* q_i, const float* keys, int s
             if (++pending == kLazyGumbelScoreBatch) compare_pending();
             if (x > max_exceeders) {
                 compare_pending();
-                // cap hit: finish the row densely with full Gumbels (exact, see the header)
+                // cap hit: finish the row densely with full Gumbels (exact: "Exceeder cap" above)
                 fallback = true;
                 for (int rest = (int)pos + 1; rest < tail; rest++) {
                     const double gr = sampler_gumbel(lazy_gumbel_uniform(site, DRAW_TRUNCATED_GUMBEL, base, rest));

@@ -6,16 +6,8 @@
 //   sampler_exp(x)   e^x for -708 <= x <= 709; 0 below -708 (e^-708 ~ 3e-308, nothing
 //                    next to the row's largest weight, 1); 709's value above; NaN stays NaN
 //
-// x = n ln2 + r with n = round(x / ln2) (the 1.5 * 2^52 shift), r = x - n ln2_hi -
-// n ln2_lo by two fmas (ln2_hi = ln 2 to 32 bits, as sampler_log's, so n ln2_hi is
-// exact), |r| <= ln2 / 2 + tiny; e^r by its degree-13 Taylor polynomial (the next term,
-// r^14 / 14! < 5e-18, is below a twentieth of an ulp) in fma Horner form; 2^n placed in
-// the exponent field (n in [-1021, 1023]: a normal scale). Error within 2 ulps of e^x
-// (tests/test_sampled_grad.cpp measures it against the x87 exp).
-//
 // Why not libm: glibc's exp and CUDA's differ by an ulp here and there, and neither
-// vectorises in the loop over a row's keys (one scalar call per causal key was most of
-// the exact-row backward at n = 1024). Like sampler_log it uses only +, -, *, fma and
+// vectorises in the loop over a row's keys. Like sampler_log it uses only +, -, *, fma and
 // bit operations, every multiply-add an explicit fma, so the CPU, its vector lanes and
 // a GPU give the same bits.
 #pragma once
@@ -27,6 +19,12 @@
 
 namespace knngpt {
 
+// x = n ln2 + r with n = round(x / ln2) (the 1.5 * 2^52 shift), r = x - n ln2_hi -
+// n ln2_lo by two fmas (ln2_hi = ln 2 to 32 bits, as sampler_log's, so n ln2_hi is
+// exact), |r| <= ln2 / 2 + tiny; e^r by its degree-13 Taylor polynomial (the next term,
+// r^14 / 14! < 5e-18, is below a twentieth of an ulp) in fma Horner form; 2^n placed in
+// the exponent field (n in [-1021, 1023]: a normal scale). Error within 2 ulps of e^x
+// (tests/test_sampled_grad.cpp measures it against the x87 exp).
 KNNGPT_HD double sampler_exp(double x) {
     const double kLn2Hi = 0x1.62e42ffp-1, kLn2Lo = -0x1.718432a1b0e26p-35;
     const double kRoundShift = 0x1.8p52;  // adding it pushes the fraction out of the mantissa

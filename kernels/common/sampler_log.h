@@ -7,20 +7,6 @@
 //   sampler_log1p(x)  log(1 + x) for x > -1 finite
 //   sampler_gumbel(u) -log(-log u), a standard Gumbel, for u in (0, 1)
 //
-// log: x = 2^e m with m in [sqrt(2)/2, sqrt(2)), then with f = m - 1 (exact) and
-// s = f / (2 + f), |s| <= 0.1716:
-//   log m = 2 atanh(s) = 2 s (1 + z/3 + z^2/5 + ... + z^11/23),  z = s^2 <= 0.0295,
-// the series cut where the next term, z^11/25 < 6e-19, is below half an ulp; and
-//   log x = e ln2_hi + (e ln2_lo + log m),  ln2_hi = ln 2 to 32 bits (e ln2_hi exact).
-// |log m| <= 0.35 < ln 2, so the sum never cancels. Error: s carries at most ~1.5 ulps
-// (one rounding in 2 + f, one in the division), so the result is within 2 ulps of
-// log x (tests/test_gumbel_attention.cpp measures it against glibc on 2e6 inputs).
-// log1p: u = 1 + x rounds; r = x - (u - 1) is what it lost (exact: u - 1 is exact for u
-// in [1/2, 2], and x and u - 1 are then within a factor 2; for x < -1/2, u = 1 + x is
-// itself exact and r = 0), and log(1 + x) = log(u + r) = log u + r / u + O((r/u)^2),
-// the square below 2^-106: within 3 ulps of log1p x. No division by a value that can be
-// 0 and no branch, so it vectorises as log does.
-//
 // Why not libm: glibc's log and CUDA's differ by an ulp here and there (the draw
 // margins of draws.h exist for that), and neither vectorises in a loop over a batch of
 // draws. These use only +, -, *, /, fma and bit operations, each correctly rounded by
@@ -56,6 +42,14 @@ KNNGPT_HD double sampler_horner(double x, double c0, C... c) {
     return p;
 }
 
+// log: x = 2^e m with m in [sqrt(2)/2, sqrt(2)), then with f = m - 1 (exact) and
+// s = f / (2 + f), |s| <= 0.1716:
+//   log m = 2 atanh(s) = 2 s (1 + z/3 + z^2/5 + ... + z^11/23),  z = s^2 <= 0.0295,
+// the series cut where the next term, z^11/25 < 6e-19, is below half an ulp; and
+//   log x = e ln2_hi + (e ln2_lo + log m),  ln2_hi = ln 2 to 32 bits (e ln2_hi exact).
+// |log m| <= 0.35 < ln 2, so the sum never cancels. Error: s carries at most ~1.5 ulps
+// (one rounding in 2 + f, one in the division), so the result is within 2 ulps of
+// log x (tests/test_gumbel_attention.cpp measures it against glibc on 2e6 inputs).
 KNNGPT_HD double sampler_log(double x) {
     const double kLn2Hi = 0x1.62e42ffp-1, kLn2Lo = -0x1.718432a1b0e26p-35;
     const bool subnormal = x < 0x1p-1022;
@@ -76,6 +70,11 @@ KNNGPT_HD double sampler_log(double x) {
     return fma(ed, kLn2Hi, fma(ed, kLn2Lo, log_m));
 }
 
+// log1p: u = 1 + x rounds; r = x - (u - 1) is what it lost (exact: u - 1 is exact for u
+// in [1/2, 2], and x and u - 1 are then within a factor 2; for x < -1/2, u = 1 + x is
+// itself exact and r = 0), and log(1 + x) = log(u + r) = log u + r / u + O((r/u)^2),
+// the square below 2^-106: within 3 ulps of log1p x. No division by a value that can be
+// 0 and no branch, so it vectorises as log does.
 KNNGPT_HD double sampler_log1p(double x) {
     const double u = 1.0 + x;                  // > 0 for x > -1
     const double rounding = x - (u - 1.0);     // what u lost (both subtractions exact)

@@ -1,5 +1,5 @@
-// kernels/cpu/adamw.h — AdamW step with decoupled weight decay; the per-element
-// formula is kernels/common/adamw.h:
+// kernels/cpu/adamw.h — AdamW step with decoupled weight decay; twin of
+// kernels/cuda/adamw.cuh. Both call the per-element formula of kernels/common/adamw.h:
 //
 //   for i < N:
 //     g       = grads[i] * grad_scale              (grad_scale: e.g. clipping or 1/accumulation)
@@ -9,6 +9,8 @@
 //     params[i] -= lr (mhat / (sqrt(vhat) + eps) + weight_decay params[i])
 //
 // Shapes: params, grads, m, v all (N). m and v are the optimizer state, updated in place.
+// Design: the formula is written once, in kernels/common, so the two backends differ only
+// in where their compilers fuse a multiply and an add (ALGORITHMS.md §11.1).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,6 @@
-// kernels/cpu/attention.h — exact causal multi-head attention, flash style.
+// kernels/cpu/attention.h — exact causal multi-head attention, flash style; twin of
+// kernels/cuda/attention.cuh (kernels/cuda/attention_exact.cuh chooses which CUDA kernels
+// the trainer runs).
 //
 //   For batch b, head h, query i and key j <= i (tau = 1/sqrt(HS)):
 //     s_ij   = tau q_i . k_j
@@ -18,13 +20,10 @@
 // out/dout (B, T, C), head h written at channels h*HS..; lse (B, NH, T).
 // Saved for backward: out and lse. Backward recomputes P from lse instead of
 // storing the (B, NH, T, T) probabilities, and accumulates (+=) into dqkv.
-//
-// Work is done per (b, h) on blocks of kAttentionQueryBlock queries: the block's
-// scores against keys 0..(last query of the block) fit in a per-thread scratch of
-// (block, T) floats, so memory stays O(block * T) per thread at any T. The
-// products within a block are sgemm calls; inside the OpenMP region the OpenMP
-// build of OpenBLAS runs them single-threaded. exp is exp_vectorizable
-// (vector_math.h), which keeps the softmax loops vectorised.
+// Design: work per (b, h) on blocks of kAttentionQueryBlock queries, whose scores against
+// keys 0..(the block's last query) fit a per-thread (block, T) scratch: memory stays
+// O(block * T) per thread at any T, and the block's products are sgemm calls (run
+// single-threaded inside the OpenMP region). exp is exp_vectorizable (vector_math.h).
 #pragma once
 
 #include <cblas.h>

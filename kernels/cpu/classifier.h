@@ -1,24 +1,19 @@
-// kernels/cpu/classifier.h — fused softmax + cross-entropy over a padded vocabulary.
-//
-// The vocabulary has V real tokens, padded to Vp columns (e.g. 50257 -> 50304) so
-// that rows are aligned; the padding columns V..Vp-1 never enter the softmax.
+// kernels/cpu/classifier.h — fused softmax + cross-entropy over a padded vocabulary;
+// twin of kernels/cuda/classifier.cuh. V real tokens are padded to Vp columns
+// (e.g. 50257 -> 50304) so that rows are aligned; columns V..Vp-1 never enter the softmax.
 //
 //   forward:  losses[n] = logsumexp_{j<V} logits[n,j] - logits[n, targets[n]]
 //   backward: dlogits[n,j] = (softmax_{j<V}(logits[n,:])_j - [j == targets[n]]) dloss   for j < V
 //             dlogits[n,j] = 0                                                          for V <= j < Vp
 //             (dloss: the gradient of the loss on each position, e.g. 1/N for the mean loss)
-//   fused:    crossentropy_fused writes both, losses and dlogits, in one call: the
-//             row statistics are computed once per row and serve the loss and the
-//             softmax (llm.c's fused_classifier). The training step uses it: each row
-//             is read three times (max, sum, probabilities) instead of five.
 //
 // Shapes: logits/dlogits (N, Vp) with N = B*T rows, targets (N), losses (N).
 // Nothing is saved: backward recomputes the row max and softmax sum from logits.
 // Backward and fused WRITE dlogits (=, not +=), and dlogits may alias logits: each
-// row is read completely (max, sum, the target's logit) before it is overwritten,
-// element by element.
-// exp is exp_vectorizable (vector_math.h): three passes over V ~ 50k logits per
-// row make libm's scalar expf a visible cost.
+// row is read completely (max, sum, the target's logit) before it is overwritten.
+// Design: crossentropy_fused, which the training step uses, writes losses and dlogits
+// from one set of row statistics (llm.c's fused_classifier), so each row is read three
+// times (max, sum, probabilities) instead of five. exp is exp_vectorizable (vector_math.h).
 #pragma once
 
 #include <cmath>

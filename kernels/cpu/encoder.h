@@ -1,4 +1,4 @@
-// kernels/cpu/encoder.h — token + position embedding.
+// kernels/cpu/encoder.h — token + position embedding; twin of kernels/cuda/encoder.cuh.
 //
 //   forward:  out[b,t,:] = wte[inp[b,t], :] + wpe[t, :]
 //   backward: dwte[inp[b,t], :] += dout[b,t,:];  dwpe[t, :] += dout[b,t,:]
@@ -6,6 +6,8 @@
 // Shapes: inp (B, T) token ids, wte (V, C), wpe (maxT, C), out/dout (B, T, C).
 // Nothing is saved for backward beyond inp.
 // Backward accumulates (+=) into dwte and dwpe; the caller zeroes them.
+// Design: the backward needs no atomics: a position's dwpe row belongs to one thread, and
+// since a token id may repeat, dwte is split by blocks of channels instead of by token.
 #pragma once
 
 #include <cstddef>

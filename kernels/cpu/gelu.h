@@ -1,13 +1,13 @@
-// kernels/cpu/gelu.h — GELU, tanh approximation (GPT-2's); the formula is
-// kernels/common/gelu.h:
+// kernels/cpu/gelu.h — GELU, tanh approximation (GPT-2's); twin of kernels/cuda/gelu.cuh.
+// Both use the formula of kernels/common/gelu.h:
 //
 //   forward:  y = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
 //   backward: dinp += dy/dx * dout
 //
 // Shapes: any, flattened to N elements (in the model: (B, T, 4C)).
 // Backward needs the forward's input (inp), not its output. Backward accumulates (+=).
-// tanh is tanh_vectorizable (vector_math.h): libm's tanhf is a scalar call that
-// would dominate these loops.
+// Design: tanh is tanh_vectorizable (vector_math.h), so that these loops vectorise;
+// libm's tanhf is a scalar call.
 #pragma once
 
 #include <cstddef>

@@ -1,9 +1,10 @@
-// kernels/cpu/global_norm.h — squared L2 norm of a flat buffer.
+// kernels/cpu/global_norm.h — squared L2 norm of a flat buffer; twin of
+// kernels/cuda/global_norm.cuh.
 //
 //   global_norm_squared(x) = sum_i x[i]^2, accumulated in double.
 //
-// Shapes: x (N). The caller takes the square root (and sums over shards, if any)
-// to clip gradients by their global norm.
+// Shapes: x (N). No backward. The caller takes the square root (and sums over shards,
+// if any) to clip gradients by their global norm.
 #pragma once
 
 #include <cstddef>

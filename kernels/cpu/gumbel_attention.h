@@ -1,18 +1,19 @@
-// kernels/cpu/gumbel_attention.h — the host entry of lazy Gumbel sampling from a
-// causal softmax row, and the median-of-means attention estimator built on it (mode
-// `gumbel`, ALGORITHMS.md §4; counters §9.3, the exceeder cap §9.2).
+// kernels/cpu/gumbel_attention.h — mode `gumbel` (ALGORITHMS.md §4): the median-of-means
+// attention estimator on lazy Gumbel samples from each causal softmax row; twin of
+// kernels/cuda/gumbel_attention.cuh (the same samples and the same fp32 sums in order).
 //
-// The sampler itself (lazy Gumbel, the exceeder cap, the draw indices) is
-// kernels/common/lazy_gumbel.h, shared with the CUDA kernels; this file adds the host
-// argument checks (cpu::lazy_gumbel_sample), the fallback counters and the estimator.
-//
-// Median of means (§4.4): r groups of t samples, mean_g = (1/t) sum_u v_{J_u},
-// O^_i[c] = median_g mean_g[c] (the mean of the two middle values for even r).
+//   For row (b, h, i), r = groups, t = samples_per_group (§4.4):
+//     J_n    = lazy Gumbel sample number 2n (n < r t) on the row's top-k list S_i (§4.2)
+//     mean_g = (1/t) sum_{u<t} v_{J_{g t + u}}
+//     O^_i[c] = median_{g<r} mean_g[c]   (the mean of the two middle values for even r)
 //
 // Shapes: qkv (B, T, 3C) as in attention.h; topk_idx (B, NH, T, k), ascending key
 // indices per row, -1 padded (rows with n_i <= k hold keys 0..i); out (B, T, C), head
 // h at channels h*HS... Nothing is saved for backward: the estimator is discrete
 // (§4.5); train it with sampled gradients (sampled_grad.h).
+// Design: the sampler itself (lazy Gumbel, the exceeder cap of §9.2, the draw indices of
+// §9.3) is kernels/common/lazy_gumbel.h, shared with the CUDA kernels; this file adds the
+// host argument checks (cpu::lazy_gumbel_sample), the fallback counters and the estimator.
 #pragma once
 
 #include <algorithm>

@@ -1,126 +1,38 @@
-// kernels/cpu/kmv_attention.h — mode kmv: key lists from [P2]'s kernel
-// matrix-vector product under assumption A (ALGORITHMS.md §7): the heavy kernel
-// entries of each row found by LSH and kept exactly, the light remainder
-// estimated by uniform sampling. The lists are in the shared key-list form, so
-// sparse_attention.h computes the forward and the backward (§9.1: the exact
-// gradient of the computed heavy + sampled-light sum, samples held fixed).
+// kernels/cpu/kmv_attention.h — mode kmv (ALGORITHMS.md §7): per-query key lists after
+// [P2]'s kernel matrix-vector product under assumption A. The heavy kernel entries of each
+// row, found by LSH, are kept exactly; the light remainder is estimated by m uniform
+// samples. sparse_attention.h computes the forward and its backward from the lists (the
+// exact gradient of the computed heavy + sampled-light sum, samples held fixed; §9.1).
 //
-// Kernel (§7.3), per (b, h), in log space (S and exp of large norms are never
-// formed). With s_ij = q_i . k_j / sqrt(D), D = HS, and for row i the causal
-// radius R_i^2 = max_{j <= i} |k_j|^2, pad k'_j = [k_j, sqrt(R_i^2 - |k_j|^2)],
-// q'_i = [q_i, 0]; then |q'_i - k'_j|^2 = |q_i|^2 + R_i^2 - 2 q_i . k_j and
-//   log K_ij = -|q'_i - k'_j|^2 / (2 sqrt(D)) = s_ij - (|q_i|^2 + R_i^2) / (2 sqrt(D))  <= 0,
-// so exp(s_ij) = S_i K_ij with a per-row factor S_i that cancels in the row's
-// softmax. R_i runs over the causal prefix (not all T keys, as §7.3 writes for
-// the full matrix) so that row i depends on keys j <= i only.
-//
-// Heavy threshold (§7.4, our reading K_ij >= n^-alpha, with n the row's
-// causal key count n_i = i + 1, as §1 replaces n row by row):
-//   j in H_i  <=>  j <= i, LSH proposed j for i, and log K_ij >= -alpha log(n_i).
-// Every proposal is checked exactly, so H_i holds only heavy keys; LSH decides
-// which heavy keys are found (recall), never which light keys are let in.
-// KmvThreshold::Relative (ours, not [P2]'s) measures from the row's largest
-// candidate instead: with c_i the LSH candidates of row i,
-//   j in H_i  <=>  j in c_i and log K_ij >= max_{j' in c_i} log K_ij' - alpha log(n_i),
-// i.e. s_ij >= max_{c_i} s - alpha log n_i: the per-row factor S_i drops out, so
-// the test no longer depends on |q_i| and R_i. H_i stays a function of the hash
-// draws and the data, so the light part stays unbiased.
-//
-// FindHeavy by E2LSH (p-stable projections) on the padded vectors: hash
-// function f is h_f(x) = floor((a_f . x + b_f) / w), a_f ~ N(0, I_{D+1}),
-// b_f ~ U[0, w); a table concatenates num_bits functions, and query i's
-// candidates are the keys j <= i sharing its bucket in any of num_tables
-// tables. For a pair at distance r one function collides with probability
-//   p(w / r) = 1 - 2 Phi(-c) - 2 / (sqrt(2 pi) c) (1 - exp(-c^2 / 2)),  c = w / r,
-// a table with p^num_bits. The width w is tied to the bandwidth sigma =
-// D^(1/4) through the heavy radius r_h = sigma sqrt(2 alpha log T) (K = T^-alpha
-// at distance r_h; every row's heavy pairs are at most this far apart): w
-// solves p(w / r_h)^num_bits = 1 / num_tables, so a pair on the heavy boundary
-// is found with probability >= 1 - (1 - 1/L)^L >= 1 - 1/e over L = num_tables
-// tables, and heavier (closer) pairs more often — the "collide with
-// probability ~ n^-alpha per table, n^alpha tables" of §7.4 with the table count
-// given. The tables are built once per (b, h) and read causally: a bucket
-// lists its keys in ascending j, and query i reads them while j <= i. The
-// padded coordinate depends on R_i, so they are built once per segment of rows
-// sharing R_i, over the keys up to the segment's end (O(log T) segments for
-// keys in random order, the prefix maxima of an exchangeable sequence; up to T
-// if key norms only grow). The candidate sets are those of hashing every row's
-// keys afresh with its own R_i. Each candidate is checked exactly; KmvScoring
-// (below) says how an fp32 first pass spares most of them the double dot
-// without changing a list.
-//
-// Width levels (p.width_levels = W > 1; ours, not [P2]'s): the tables are also built
-// at widths w 2^l, l < W, with offsets b_f 2^l (the same a_f and uniform draws, so
-// level 0 is the family above), and row i takes its candidates from the narrowest
-// level where they number at least max(kKmvLevelFill (K - m), 1), twice the heavy
-// budget, else from the widest. With large norms the row's nearest keys lie beyond w
-// (tuned to K = T^-alpha, which no entry reaches once the row factor is small) and
-// level 0 proposes about one key a row; the relative threshold needs the row's
-// largest entries among its candidates. The level is chosen from the row's own
-// buckets (keys j <= i), so the lists stay causal and a function of the hash draws
-// and the data (the light part unbiased).
-//
-// ApproxLight: uniform sampling without replacement over the light keys
-// L_i = {0..i} \ H_i (the "uniform, weight |L_i| / m" option). [P2] samples
-// j with probability K_ij / D_i, which needs a KDE structure for the row mass
-// D_i; uniform sampling needs nothing and is unbiased, at a variance that
-// grows with the spread of the light entries. Row i draws a uniform m-subset
-// of L_i and gives each sample logw = log(|L_i| / m) (inclusion probability
-// m / |L_i|, Horvitz-Thompson), so with heavy slots at logw 0
-//   Z^_i = sum_{j in H_i} e^{s_ij} + (|L_i| / m) sum_{samples} e^{s_ij}
-//   N^_i = the same with e^{s_ij} v_j
-// are unbiased for Z_i and N_i (the heavy part is exact; conditional on H_i
-// the light part is unbiased, hence also over the hash draws). Every row gets
-// the same m: attention normalises each row, so what matters is each row's
-// relative error, not [P2]'s l2 error over rows that motivates its budgets
-// r_i ~ D_i.
+// Kernel (§7.3), per (b, h), in log space, with s_ij = q_i . k_j / sqrt(D), D = HS, and the
+// causal radius R_i^2 = max_{j <= i} |k_j|^2 (so that row i depends on keys j <= i only):
+//   log K_ij = s_ij - (|q_i|^2 + R_i^2) / (2 sqrt(D))  <= 0,
+// a per-row shift of s_ij, which cancels in the row's softmax.
+// Heavy set H_i (§7.4), among the keys j <= i that LSH proposes for row i, n_i = i + 1:
+//   KmvThreshold::Absolute ([P2], our reading): log K_ij >= -alpha log n_i;
+//   KmvThreshold::Relative (ours): s_ij >= max over the row's candidates of s - alpha log n_i.
+// Every proposal is checked exactly, so LSH decides which heavy keys are found, never
+// which light keys are let in. The LSH (E2LSH on padded vectors, its bucket width, the
+// width levels, the tables read causally) is §7.4's "as implemented".
+// Light part: a uniform m-subset of L_i = {0..i} \ H_i (Floyd's algorithm), each sample
+// with logw = log(|L_i| / m) (Horvitz-Thompson), so Z^_i and N^_i stay unbiased.
 //
 // Lists: idx and logw (B, NH, T, K), K = max_keys, m = min(light_samples, K).
-//   n_i = i + 1 <= K: keys 0..i in slots [0, n_i) with logw 0, -1 after (exact).
-//   n_i > K: slots [0, |H_i|) the heavy keys in ascending order with logw 0;
-//            if more than K - m keys are heavy, the K - m with the largest
-//            kernel values (ties: smaller j) stay, the rest are light;
-//            then m light samples in ascending order with logw log(|L_i| / m)
-//            (> 0, since |L_i| >= n_i - (K - m) > m); -1 and logw 0 after.
-//   With m = 0 the light part is dropped (the row is heavy keys only, biased).
+//   n_i <= K: keys 0..i in slots [0, n_i) with logw 0, -1 after (the row is exact).
+//   n_i >  K: the heavy keys, ascending, with logw 0 (if more than K - m, the K - m
+//             with the largest kernel values, ties to the smaller j); then m light
+//             samples, ascending, with logw log(|L_i| / m) > 0; then -1 with logw 0.
+//             m = 0 drops the light part (the row is then heavy keys only, biased).
+// Draws (kernels/common/draws.h), for local batch row b at global row p.batch0 + b: a
+// head's hash functions at its query 0's site, purpose DRAW_HASH, index f (D + 2) + c
+// (c <= D: coordinate c of a_f by Box-Muller; c = D + 1: the offset b_f); row i's light
+// samples at the row's site, purpose DRAW_LIGHT_SAMPLE, index t, word 0.
 //
-// Draws (Philox, kernels/common/draws.h), with g = p.batch0 + b the global batch row
-// of local row b. Head h of batch row b: hash functions at query 0's site
-// {seed, step, layer * NH + h, g * T}, purpose DRAW_HASH, draw
-// index f * (D + 2) + c: c < D + 1 gives coordinate c of a_f (Box-Muller from the
-// four words, cosine branch), c = D + 1 gives b_f = w u (words 0, 1; level l's offset
-// is b_f 2^l, no further draw). Query i:
-// site {seed, step, layer * NH + h, g * T + i}, purpose DRAW_LIGHT_SAMPLE,
-// draw index t = 0..m-1, word 0: Floyd's algorithm — top = |L_i| - m + t,
-// u = uniform_below(word, top + 1), add u, or top if u is already chosen —
-// gives a uniform m-subset of positions in [0, |L_i|) (bias of uniform_below
-// at most |L_i| / 2^32). Position p maps to the p-th light key by skipping
-// the sorted H_i.
-//
-// measure_assumption_a (§7.7): on the causal kernel matrix of one (b, h), with
-// R^2 = max over all T keys (the §7.3 matrix; masked entries 0), the top-n
-// entries with n = T: c^ = (sum_all - sum_top_n) / sum_top_n; the same with the
-// causal radius R_i of the kernel kmv thresholds (c_causal_radius); and on the
-// raw A_ij = exp(s_ij). Sums are taken relative to the largest entry, in double.
-//
-// measure_kmv_heavy (§7.4, §7.7; tools/kmv_stats, tools/attn_meter): over the
-// rows kmv estimates (n_i > K), with p_ij the exact softmax of row i (double),
-// the keys that pass each threshold among ALL causal keys (absolute: log K_ij >=
-// -alpha log n_i; relative: s_ij >= max_{j' <= i} s_ij' - alpha log n_i), their
-// count and softmax mass, and the heavy slots of kmv's own lists (both
-// thresholds, kmv_select_keys at K slots, m light samples) with their mass and
-// the LSH candidates checked. O(T^2 D) per (b, h), a diagnostic.
-//
-// Work per (b, h): projections O(T L num_bits D), O(e L num_bits) hashing for
-// a segment ending at row e; per row O(L num_bits + bucket entries + candidates
-// + (candidates near the cut) D + m (Philox + log m)), plus an fp32 score per
-// candidate: a dot each, or on blocks dense in candidates a (64, T) sgemm
-// (64 T D per block). Where nearly every entry is heavy (a flat kernel,
-// assumption A failing: ĉ grows like n) each table proposes a constant fraction
-// of the prefix and the work is O(T^2 D), like exact attention's.
-// measure_assumption_a is O(T^2 D) with a T (T + 1) / 2 buffer (a diagnostic).
-// OpenMP over (b, h); all draws are pure functions of the site, so the lists do
-// not depend on the thread count.
+// No CUDA twin: kmv runs on the CPU only. Nothing is saved beyond the lists.
+// Design: the draws are pure functions of their site and H_i a function of the hash draws
+// and the data, so the lists depend neither on the thread count (OpenMP over (b, h)) nor
+// on the scoring path (KmvScoring), and the light part is unbiased.
+// measure_assumption_a and measure_kmv_heavy (§7.7) are diagnostics for the tools.
 #pragma once
 
 #include <algorithm>
@@ -419,33 +331,25 @@ inline void kmv_sample_light_keys(int* keys, uint32_t* chosen, uint64_t* member,
     }
 }
 
-// How kmv_select_keys scores the LSH candidates. Both give the same lists.
+// How kmv_select_keys scores the LSH candidates. Both give the same lists; the argument
+// is §7.4's bullet on the double dot.
 //   Reference: log K_ij of every candidate in double (dot_f64_lanes), then the
 //              threshold and the budget, literally as §7.4 states them.
-//   Fast:      an fp32 score f_ij of every candidate first. It lies within Delta_i of
-//              the double dot d_ij (topk_brute_margin: f is within gamma_HS ||q_i|| ||k_j||
-//              of the real dot, d far closer, since its products are exact), so with
-//              lo_j, hi_j the formula of log K_ij evaluated at f -+ Delta (rounding is
-//              monotone), lo_j <= log K_ij <= hi_j. The double dot is taken only for the
-//              candidates with hi_j >= X, X = max(X_t, X_b):
-//                X_t <= the row's threshold: -alpha log n_i itself (Absolute), or the
-//                    largest lo minus alpha log n_i (Relative);
-//                X_b = lo at a lower bound f_b of the budget-th largest f (-inf when
-//                    n_c <= budget, +inf when budget = 0): the >= budget keys with
-//                    f >= f_b all have log K >= X_b.
-//              A key with hi_j < X fails the threshold, or has budget keys strictly
-//              above it, so it is not heavy; the row's largest candidate has hi >= X. The
-//              subset therefore holds the heavy set and the largest candidate, and the
-//              threshold and the budget applied to it give the reference's keys. f comes
-//              from one cblas_sgemm per block of kKmvRowBlock rows where the candidates
-//              cover a quarter of the block's causal scores or more (OpenBLAS where it
-//              pays; the rounding assumptions of causal_topk_brute_sgemm), else from an
-//              fp32 dot per candidate.
+//   Fast:      an fp32 score f_ij of every candidate first, within Delta_i of the double
+//              dot (topk_brute_margin), so log K_ij lies in [lo_j, hi_j], its formula at
+//              f -+ Delta. The double dot is taken only where hi_j >= X, X the larger of a
+//              lower bound of the row's threshold and lo at a lower bound of the
+//              budget-th largest f (-inf when the candidates fit the budget, +inf when the
+//              budget is 0). Below X a key fails the threshold or has budget keys strictly
+//              above it, so the checked keys hold the heavy set and the row's largest
+//              candidate. f comes from one cblas_sgemm per block of kKmvRowBlock rows where
+//              the candidates cover a quarter of the block's causal scores or more (with
+//              the rounding assumptions of causal_topk_brute_sgemm), else from an fp32 dot
+//              per candidate.
 enum class KmvScoring { Fast, Reference };
 
 // Width levels: a row reads the narrowest level with at least this many times the heavy
-// budget in candidates (the budget's largest are then picked from a pool twice its size;
-// with 1x the baby config's kmv trained 0.02-0.035 worse, README)
+// budget in candidates (the budget's largest are then picked from a pool twice its size)
 constexpr int kKmvLevelFill = 2;
 
 constexpr int kKmvRowBlock = 64;  // rows per block of the fast scoring; a row's scores (4T bytes) stay in L2
@@ -464,7 +368,7 @@ inline float kmv_dot_f32(const float* a, const float* b, int n) {
 
 // f_b: a lower bound of the k-th largest of x[0..n) (1 <= k <= n), kKmvBudgetSteps steps
 // of topk_kth_largest_key's bisection on the order keys. A closer bound saves double
-// dots; each step costs a pass over the row (16 steps were fastest at n = 16K).
+// dots; each step costs a pass over the row.
 constexpr int kKmvBudgetSteps = 16;
 inline float kmv_kth_largest_lower_bound(const float* x, int n, int k, std::vector<int32_t>& order) {
     order.resize(n);
@@ -699,6 +603,11 @@ inline double kmv_tail_to_top_ratio(std::vector<double>& log_values, size_t n) {
     return rest / top;
 }
 
+// ĉ = (sum of all entries - sum of the T largest) / (sum of the T largest), ranked over
+// the T (T + 1) / 2 causal entries of one (b, h) together (masked entries left out), each
+// sum relative to the largest entry, in double (§7.7): on the §7.3 kernel matrix (R over
+// all T keys), with each row's causal radius R_i instead, and on the raw exp(s_ij).
+// O(T^2 D) with a T (T + 1) / 2 buffer.
 inline AssumptionA measure_assumption_a(const float* qkv, int b, int h, int T, int C, int NH) {
     kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");
     const int HS = C / NH;
@@ -753,8 +662,13 @@ struct KmvHeavyTally {
 };
 
 // One layer's qkv (B, T, 3C): adds each head's tally of its B rows to tally[h]
-// (NH entries). kmv's lists are drawn as the forward would draw them with p (its
+// (NH entries). Over the rows kmv estimates (n_i > K), with the exact softmax of each row
+// in double: the keys among ALL causal keys that pass each threshold (absolute: log K_ij >=
+// -alpha log n_i; relative: s_ij >= max_{j' <= i} s_ij' - alpha log n_i), their count and
+// softmax mass, and the heavy slots of kmv's own lists with their mass and the LSH
+// candidates checked. kmv's lists are drawn as the forward would draw them with p (its
 // seed, step, layer, batch0, alpha, light samples; the threshold is set here).
+// O(T^2 D) per (b, h).
 inline void measure_kmv_heavy(KmvHeavyTally* tally, const float* qkv, int B, int T, int C, int NH, int K,
                               const KmvParams& p) {
     kmv_check(NH > 0 && C % NH == 0, "C must be a multiple of NH");

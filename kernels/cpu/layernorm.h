@@ -1,5 +1,5 @@
-// kernels/cpu/layernorm.h — layer normalisation over the last dimension; the
-// per-element formulas and eps are kernels/common/layernorm.h.
+// kernels/cpu/layernorm.h — layer normalisation over the last dimension; twin of
+// kernels/cuda/layernorm.cuh. The per-element formulas and eps are kernels/common/layernorm.h.
 //
 //   forward, per row n of C channels (eps = 1e-5):
 //     mean[n] = (1/C) sum_c x[n,c]
@@ -13,6 +13,7 @@
 // Shapes: inp/out/dout/dinp (N, C) with N = B*T rows; weight, bias, dweight, dbias (C);
 // mean, rstd (N), saved by forward for backward. Backward accumulates (+=) into
 // dinp, dweight and dbias; the caller zeroes them.
+// Design: the variance is taken from the centred values (two passes, no cancellation).
 #pragma once
 
 #include <cstddef>

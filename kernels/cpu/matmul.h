@@ -1,4 +1,5 @@
-// kernels/cpu/matmul.h — fully connected layer, through OpenBLAS sgemm.
+// kernels/cpu/matmul.h — fully connected layer, through OpenBLAS sgemm; twin of
+// kernels/cuda/matmul.cuh.
 //
 //   forward:  out = inp @ weight^T + bias            out[n,o] = sum_c inp[n,c] weight[o,c] + bias[o]
 //   forward_gelu: pre_gelu = inp @ weight^T + bias, out_gelu = gelu(pre_gelu)   (gelu.h)
@@ -10,15 +11,11 @@
 // bias (OC) or nullptr, out/dout (N, OC). Backward needs the forward's inp.
 // Backward overwrites dinp (sgemm's beta = 0: dinp is not read, need not be
 // zeroed) and accumulates (+=) into dweight and dbias; dbias may be nullptr.
-//
-// OpenBLAS is the OpenMP build: it shares our thread pool, and a call made from
-// inside an OpenMP parallel region runs single-threaded.
-//
-// matmul_forward_loops / matmul_backward_loops are the same products as plain
-// OpenMP loops, the way a from-scratch C trainer writes them. They are the
-// baseline `make bench` measures sgemm against (built with
-// -DKNNGPT_MATMUL_LOOPS, the model then calls them) and are tested against the
-// sgemm path.
+// Design: OpenBLAS is the OpenMP build, so it shares our thread pool, and a call made
+// from inside an OpenMP parallel region runs single-threaded.
+// matmul_forward_loops / matmul_backward_loops compute the same products as plain
+// OpenMP loops; they are tested against the sgemm path, and a build with
+// -DKNNGPT_MATMUL_LOOPS makes the model call them (the baseline of `make bench`).
 #pragma once
 
 #include <cblas.h>

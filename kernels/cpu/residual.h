@@ -1,4 +1,4 @@
-// kernels/cpu/residual.h — residual connection.
+// kernels/cpu/residual.h — residual connection; twin of kernels/cuda/residual.cuh.
 //
 //   forward:  out = a + b
 //   backward: da += dout;  db += dout

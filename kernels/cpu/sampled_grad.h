@@ -1,44 +1,31 @@
-// kernels/cpu/sampled_grad.h — randomised estimators of the gradients of EXACT
-// causal attention, mode `--attn-grad sampled` (ALGORITHMS.md §5; counters §9.3).
+// kernels/cpu/sampled_grad.h — randomised estimators of the gradients of EXACT causal
+// attention, `--attn-grad sampled` (ALGORITHMS.md §5); twin of kernels/cuda/sampled_grad.cuh
+// (the same samples, walk starts and terms).
 //
-// From §1, with J ~ P_i (row i of the causal softmax), dO given and O = out:
-//   Delta_i = dO_i . O_i
-//   dV      = sum_i E_{J~P_i}[ e_J dO_i^T ]
-//   dQ_i    = tau E_{J~P_i}[ (dO_i . v_J - Delta_i) k_J ]
-//   dK_j    = tau sum_i E_{J~P_i}[ 1{J = j} (dO_i . v_J - Delta_i) q_i ]
-// Row-wise, fixed work (default; §5.1 last bullet, §5.2): for every (b, h, i) draw s
-// samples J_1..J_s ~ P_i and add
+// Row-wise, fixed work (default; §5.1, §5.2): for every (b, h, i) draw s samples
+// J_1..J_s ~ P_i (row i of the causal softmax) and, with Delta_i = dO_i . O_i taken from
+// the given out (not from the samples), add
 //   dV_{J_t} += dO_i / s
 //   dQ_i     += tau/s sum_t (dO_i . v_{J_t} - Delta_i) k_{J_t}
 //   dK_{J_t} += tau/s (dO_i . v_{J_t} - Delta_i) q_i
-// Delta_i comes from the given out, not from the samples, so each term is unbiased for
-// the exact gradient when out is exact attention's output; after an approximate
-// forward (out = O^), Delta_i = dO_i . O^_i shifts the dQ, dK means (§5.2).
-// Signed-start dV (§5.1, "signed start, one pass"), per column c of dO (x = dO[:, c]
-// over the T rows of one (b, h)): N = T s walks, each i ~ |x_i| / ||x||_1, J ~ P_i,
-//   est[J] += sign(x_i) ||x||_1 / N,       E[est] = P^T x.
-// The walks starting at row i use that row's samples J_{i,0}, J_{i,1}, ... in order
-// (the same J_{i,t} the dQ / dK terms use for t < s, and shared by the columns): each
-// column's estimate stays unbiased, only the columns' errors are correlated.
-//
-// Where J ~ P_i comes from (§5.3):
-//   ExactRow    the causal row recomputed, P_ij from fp32 scores with fp64 exp and
-//               cumulative sums, J by inverse CDF (one fp64 uniform per sample)
-//   LazyGumbel  lazy_gumbel_sample on the row's top-k list (gumbel_attention.h), with
-//               the default exceeder cap; exact in law like ExactRow.
-// Draws (kernels/common/draws.h), at the row's site row_draw_site(.., batch0 + b, T, i)
-// (batch0: the global batch row of local row 0):
-//   ExactRow    DRAW_GRADIENT_SAMPLE index m (< kWalkStartDrawIndex): backward sample m
-//   LazyGumbel  lazy Gumbel sample number sampled_grad_sample_number(m) = 2m + 1
-//   walk starts DRAW_GRADIENT_SAMPLE index walk_start_draw_index(c, N, n) at the head's
-//               site head_draw_site(.., batch0 + b, T): the start of walk n of column c
-//               (a column's walks stay within the T rows of one (b, h))
-// so the result is deterministic for a given seed.
+// Each term is unbiased for the exact gradient when out is exact attention's output;
+// after an approximate forward, Delta_i shifts the dQ and dK means (§5.2).
+// Signed-start dV (§5.1), per column x = dO[:, c] of one (b, h): N = T s walks, each
+// starting at i ~ |x_i| / ||x||_1 and stepping to J ~ P_i, est[J] += sign(x_i) ||x||_1 / N.
+// The walks from row i take that row's samples J_{i,0}, J_{i,1}, ... in order (shared with
+// dQ, dK and the other columns): each column is unbiased, the columns' errors correlated.
+// Sources of J ~ P_i, both exact in law (§5.3): ExactRow recomputes the row (fp32 scores,
+// fp64 weights by sampler_exp, inverse CDF); LazyGumbel runs lazy_gumbel_sample on the
+// row's top-k list (gumbel_attention.h). Draws (kernels/common/draws.h, §9.3), at the
+// row's site with batch0 + b the global batch row: ExactRow sample m is
+// DRAW_GRADIENT_SAMPLE index m, LazyGumbel sample number 2m + 1, and the walk starts of a
+// column take DRAW_GRADIENT_SAMPLE indices from kWalkStartDrawIndex at the head's site.
 //
 // Shapes: qkv/dqkv (B, T, 3C) as in attention.h; dout, out (B, T, C); topk_idx
 // (B, NH, T, k) top-k lists (ascending, -1 padded; nullptr allowed for ExactRow).
-// Accumulates (+=) into dqkv. Work is per (b, h) in parallel; dK and dV of a head are
-// summed in fp64 in a fixed order by the one thread that owns the head, then added.
+// Saves nothing; accumulates (+=) into dqkv.
+// Design: one thread owns a (b, h) and sums its dK and dV in fp64 in a fixed order before
+// adding them, so the result does not depend on the thread count.
 #pragma once
 
 #include <algorithm>
@@ -71,7 +58,7 @@ using knngpt::GradSampleSource;
 
 // std::upper_bound(a, a + n, x) - a for ascending a[0..n), n >= 1, without a branch
 // on the data: each halving step is a conditional move, so the ~log2 n comparisons of
-// a pick (random in u) no longer mispredict about half the time.
+// a pick, random in u, cost no mispredicted branches.
 inline int upper_bound_branchless(const double* a, int n, double x) {
     const double* base = a;
     while (n > 1) {

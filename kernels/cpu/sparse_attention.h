@@ -1,6 +1,7 @@
-// kernels/cpu/sparse_attention.h — softmax attention over per-query key lists
-// with log-weights: the one forward/backward behind every key-selecting mode,
-// knn (ALGORITHMS.md §2) and knn-tail (§3) first (the key-list form of §9.2).
+// kernels/cpu/sparse_attention.h — softmax attention over per-query key lists with
+// log-weights: the one forward and backward behind every key-selecting mode, knn
+// (ALGORITHMS.md §2), knn-tail (§3) and kmv (§7.4), in the key-list form of §9.2.
+// Twin of kernels/cuda/sparse_attention.cuh.
 //
 //   For batch b, head h, query i and the K slots t of its list (tau = 1/sqrt(HS)):
 //     j_t   = idx[b,h,i,t]                      a key j_t <= i, or -1: slot unused, skipped
@@ -24,17 +25,12 @@
 // idx and logw (B, NH, T, K).
 // Saved for backward: out and lse (the caller keeps idx and logw). Backward
 // recomputes P_t from lse and accumulates (+=) into dqkv.
-//
-// Work: gathers, O(T K HS) per head, no T x T buffer. OpenMP over (b, h): a
-// thread first packs the head's rows contiguously (they are 3C floats apart in qkv),
-// row j holding k_j and v_j (and, in the backward, dK_j and dV_j after them), so that
-// the gathers stay in its cache and a slot's come from one place. A slot's score is
-// one HS-long dot product with 16 partial sums, eight slots side by side; the output
-// sums up to 128 channels at a time over the slots in registers, each channel in slot
-// order. Backward: inside a head one thread walks the queries and their slots in
-// ascending order and scatters into the head's packed dK and dV, added to dqkv at the
-// end; so the result does not depend on the thread count (no atomics). Scratch per
-// thread: 2 (forward) or 4 (backward) x T x HS floats.
+// Design: one thread owns a (b, h): it packs the head's k and v rows (3C floats apart in
+// qkv) into a contiguous (T, 2 HS) scratch, (T, 4 HS) with dK and dV in the backward, so
+// that the gathers stay in its cache; in the backward it walks the queries and their slots
+// in order and scatters into the packed dK and dV, added to dqkv at the end. The result
+// therefore does not depend on the thread count (no atomics). Work O(T K HS) per head;
+// nothing is T x T.
 #pragma once
 
 #include <algorithm>

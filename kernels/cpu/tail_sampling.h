@@ -1,37 +1,29 @@
-// kernels/cpu/tail_sampling.h — the up-weighted uniform tail of knn-tail
-// (ALGORITHMS.md §3.1, §3.4): completes top-k key lists with m tail samples, so
-// that sparse_attention.h computes
+// kernels/cpu/tail_sampling.h — the up-weighted uniform tail of knn-tail (ALGORITHMS.md
+// §3.1): completes each top-k key list with m tail samples, so that sparse_attention.h
+// computes
 //   Ô_i = (sum_{j in S_i} e^{s_ij} v_j + w_i sum_t e^{s_{i,J_t}} v_{J_t})
 //       / (sum_{j in S_i} e^{s_ij}     + w_i sum_t e^{s_{i,J_t}}),   w_i = |R_i| / m,
-// whose numerator and denominator are unbiased for N_i and Z_i (§3.2).
+// over the tail R_i = {0..i} \ S_i; numerator and denominator are unbiased (§3.2).
 //
-// Lists: idx and logw (B, NH, T, K), K = k + m. On entry slots [0, k) of each
-// list hold the top-k S_i of query i (ascending key index, -1 padded when
-// n_i = i + 1 < k); they are kept, and slots [k, K) are overwritten. The tail is
-// R_i = {0..i} \ S_i.
-//   |R_i| <= m: slots [k, k + |R_i|) hold the whole tail in ascending order with
-//               logw 0 (the row is exact), -1 after.
-//   |R_i| >  m: slot k + t holds the t-th tail draw (t = 0..m-1), each with
-//               logw = log(|R_i| / m):
-//               without replacement (default): a uniform m-subset of R_i;
-//               with replacement: m independent uniform keys (keys may repeat).
-// Head slots get logw 0; unused slots get idx -1 and logw 0.
+// Lists: idx and logw (B, NH, T, K), K = k + m, written in place. On entry slots [0, k)
+// hold the top-k S_i (-1 padded when i + 1 < k); they are kept, with logw 0. Slots [k, K):
+//   |R_i| <= m: the whole tail in ascending order with logw 0 (the row is exact), -1 after;
+//   |R_i| >  m: m draws, each with logw log(|R_i| / m): without replacement (default) a
+//               uniform m-subset of R_i (Floyd's algorithm), with replacement m independent
+//               uniform keys (keys may repeat).
+// Unused slots get idx -1 and logw 0. The backward is sparse_attention.h's with these
+// lists held fixed (§3.5); nothing else is saved.
 //
-// Draws. A draw is a tail position p in [0, |R_i|), mapped to its key by
-// skipping the sorted S_i: key(p) = p + #{r : S_i[r] - r <= p} (S_i[r] - r
-// counts the tail keys below S_i[r]). Query i of (b, h) reads the Philox stream
-// at site {seed, step, layer * NH + h, (batch0 + b) * T + i}, purpose DRAW_TAIL_POSITION
-// (batch0: the global batch row of local row 0, kernels/common/draws.h);
-// draw index t (t = 0..m-1) is the row's t-th draw and uses word 0 only:
-//   with replacement:    p_t = uniform_below(word_t, |R_i|);
-//   without replacement: Floyd's algorithm — with top_t = |R_i| - m + t,
-//                        u_t = uniform_below(word_t, top_t + 1), and p_t = u_t
-//                        unless u_t is already drawn, then p_t = top_t (above
-//                        every earlier draw). Every m-subset comes out with
-//                        probability 1 / C(|R_i|, m) (up to uniform_below's bias,
-//                        at most |R_i| / 2^32 per draw).
-// Memory O(k + m) per thread (Floyd's set is a hash table of >= 2m slots);
-// work O(m k / W + m + k) per query (W = SIMD width). OpenMP over (b, h).
+// Twin: kernels/cuda/tail_sampling.cuh, the same draws bit for bit. Draw t of query i of
+// (b, h) is word 0 of draw index t at the row's site row_draw_site(.., batch0 + b, T, i),
+// purpose DRAW_TAIL_POSITION (kernels/common/draws.h; batch0: the global batch row of
+// local row 0). A draw is a tail position p in [0, |R_i|), mapped to its key by skipping
+// the sorted head: key(p) = p + #{r : S_i[r] - r <= p}. With replacement
+// p_t = uniform_below(word_t, |R_i|); without, Floyd's algorithm (§3.4): with
+// top_t = |R_i| - m + t, u_t = uniform_below(word_t, top_t + 1), and p_t = u_t unless
+// u_t was drawn before, then top_t.
+// Design: every draw is a pure function of its site, so the lists depend on neither the
+// thread count nor the backend. Memory O(k + m) per thread; OpenMP over (b, h).
 #pragma once
 
 #include <algorithm>

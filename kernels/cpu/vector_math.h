@@ -1,11 +1,7 @@
-// kernels/cpu/vector_math.h — exp, tanh and a double dot product written so that loops
-// calling them vectorise (the samplers' fp64 exp and log, which both backends share,
-// are in kernels/common/sampler_exp.h and sampler_log.h).
-//
-// libm's expf and tanhf are scalar calls (about 3 ns and 19 ns each here), and
-// without -ffast-math g++ will not swap in vector versions. The softmaxes
-// (attention, classifier) and GELU evaluate them on every element, so these
-// plain-arithmetic versions, which g++ inlines and vectorises, matter.
+// kernels/cpu/vector_math.h — exp, tanh and a double dot product written so that the
+// loops calling them vectorise. No CUDA twin: the CUDA kernels call the device's expf and
+// tanhf. (The samplers' fp64 exp and log, which both backends share, are
+// kernels/common/sampler_exp.h and sampler_log.h.)
 //
 //   exp_vectorizable(x): x = n ln2 + r with n = round(x / ln2), |r| <= ln2/2;
 //     exp(r) by its degree-7 Taylor polynomial (truncation r^8/8! < 6e-9), and 2^n
@@ -16,8 +12,13 @@
 //     +-1 in the tails (fine inside GELU, where it is added to 1).
 //   dot_f64_lanes(a, b, n) = sum_c a_c b_c in double for float inputs: the products
 //     are exact in double; the sum runs as 8 interleaved partial sums (lane c % 8),
-//     added in a fixed order, instead of one dependent chain of n adds (4 cycles
-//     each). Its value differs from the sequential sum by rounding only.
+//     added in a fixed order, instead of one dependent chain of n adds. Its value
+//     differs from the sequential sum by rounding only.
+//
+// Design: libm's expf and tanhf are scalar calls, which g++ does not replace by vector
+// versions without -ffast-math; the softmaxes (attention, classifier) and GELU evaluate
+// them on every element, so these plain-arithmetic versions, which g++ inlines and
+// vectorises, stand in for them.
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,8 @@
 // with bf16 operands and fp32 accumulation and softmax (nvcuda::wmma 16x16x16).
 // HS = C / NH a multiple of kAttentionBf16HeadSizeStep up to
 // kAttentionBf16MaxHeadSize (head_size.cuh, checked on the host); any T.
+// The trainer does not run these kernels: they are the tested reference of the
+// register-level kernels of attention_mma.cuh, which share their roundings.
 // Design: the FlashAttention-2 tiling of attention.cuh with 64 x 64 tiles, each
 // warp owning 16 rows of its block's tile so that all its wmma products stay on
 // its own rows; kernels instantiated per HS (AttentionBf16Tiles<HS>), so the

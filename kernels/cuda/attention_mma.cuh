@@ -1,52 +1,20 @@
-// kernels/cuda/attention_mma.cuh — exact causal attention on tensor cores at
-// register level, the FlashAttention-2 way (mma.sync m16n8k16, ldmatrix,
-// cp.async: kernels/cuda/mma.cuh): the math, shapes, saved lse and += of the
-// wmma kernels of attention_bf16.cuh, which stay the reference these are tested
-// against, with the same roundings: q, k, v, dO rounded to bf16 once, P and dS
-// rounded to bf16 as GEMM operands, fp32 accumulation, softmax and statistics
-// (so attention_bf16.cuh's error model holds here too). The trainer's bf16
-// build runs these (attention_exact.cuh chooses).
-//
-// Shapes: qkv (B, T, 3C), out and dout (B, T, C), lse (B, NH, T); HS = C / NH a
-// multiple of 16 up to 128; any T; B * NH <= 65535 (the grid's y); the device's
-// shared memory large enough (attention_mma_fits).
-//
-// Design, and why it beats the wmma kernels: a warp owns 16 rows and keeps its
-// score tile S (16 x 64), P, and its output accumulators in registers, in the
-// fixed layouts of mma.sync, so the online softmax's row max and sum take two
-// shuffles among the 4 lanes that share a row, the rescale of O by e^(m - m')
-// is a multiply in registers, and P feeds P V straight from the registers that
-// hold S. The wmma kernels pass S, P and O through shared memory for each of
-// these, because wmma's fragment layout is opaque.
-//   prologue  q, k, v (and dO) are copied once per call to bf16 (B, NH, T, HS)
-//             arrays (attention_heads_to_bf16_kernel), so tiles move by cp.async,
-//             16 bytes a lane, with no conversion on the way.
-//   forward   a block owns 64 queries (4 warps x 16), walks key tiles of 64 up to
-//             the diagonal tile (the only one that needs the causal mask), K and V
-//             double-buffered: tile n + 1 is in flight while tile n is used.
-//               S = Q_w K^T by mma (Q_w's fragments loaded once), scaled by tau,
-//               m' = max(m, rowmax S), alpha = e^(m - m'), P = e^(S - m'),
-//               l = alpha l + rowsum P (per lane, summed over the row's 4 lanes
-//               at the end), O = alpha O + P V. out = O / l, lse = m + log l.
-//               The exponentials are exp2 of scores kept in log2 units (S tau
-//               log2 e): one ex2 instruction each instead of expf's longer sequence.
-//   backward  Delta_i = dO_i . O_i (attention.cuh), then two kernels, no atomics:
-//             dQ: a block owns 64 queries, walks the key tiles to the diagonal:
-//               S = Q_w K^T, dP = dO_w V^T, P = e^(tau S - lse),
-//               dS = P (dP - Delta), dQ_w += dS K;
-//             dK, dV: a block owns 64 keys (warp w 16 of them), walks the query
-//               tiles from the diagonal on, 32 queries at a time:
-//               S^T = K_w Q^T, dP^T = V_w dO^T, P^T, dS^T as above,
-//               dV_w += P^T dO, dK_w += dS^T Q.
-//             dQ and dK are scaled by tau when added to dqkv.
-// Registers: a warp's accumulators are 4 x HS/8 floats a lane for O (forward)
-// or dQ, twice that for dK and dV; at HS 128 the dK/dV kernel holds 128 of them
-// and stays within the 255 that two blocks of 128 threads a SM allow
-// (__launch_bounds__(128, 2)). Shared memory: 64 x (HS + 8) bf16 a tile (rows
-// padded by 16 bytes, so the 8 rows an ldmatrix phase reads fall in distinct
-// banks): 5 tiles forward (46 KB at HS 64, 87 KB at 128), 6 backward.
-// Measured on an H200 (tools/bench_attention_cuda.cu, T 4K): forward 181 / 191 TFLOP/s,
-// backward 139 / 151 at HS 64 / 128, against 28 / 26 and 28 / 19 for the wmma kernels.
+// kernels/cuda/attention_mma.cuh — exact causal attention on tensor cores, the
+// FlashAttention-2 way at register level (mma.sync m16n8k16, ldmatrix, cp.async:
+// mma.cuh). The bf16 trainer runs these kernels (attention_exact.cuh chooses).
+//   s_ij = tau q_i . k_j,  lse_i = log sum_{j<=i} e^(s_ij),  o_i = sum_{j<=i} e^(s_ij - lse_i) v_j;
+//   the backward is attention.cuh's: P recomputed from lse, then dQ, dK, dV.
+// Shapes: qkv/dqkv (B, T, 3C), out/dout (B, T, C), lse (B, NH, T); HS = C / NH a
+// multiple of 16 up to 128, any T, B * NH <= 65535 (the grid's y), tiles within the
+// device's shared memory (attention_mma_fits). The forward saves lse; the backward
+// adds (+=) into dqkv. Twin: kernels/cpu/attention.h. Reference: the wmma kernels of
+// attention_bf16.cuh, with the same roundings (q, k, v, dO rounded to bf16 once, P and
+// dS rounded as GEMM operands, fp32 accumulation, softmax and statistics), so their
+// error model holds here too.
+// Design: a warp owns 16 rows and keeps its score tile S (16 x 64), P and its output
+// accumulators in registers, in mma.sync's fixed layouts. The online softmax's row max
+// and sum then take two shuffles among the 4 lanes of a row, the rescale of O is a
+// multiply in registers, and P feeds P V from the registers that held S. (wmma's
+// fragment layout is opaque, so the wmma kernels pass S, P and O through shared memory.)
 #pragma once
 
 #include <cstddef>
@@ -69,6 +37,12 @@ constexpr int kAttentionMmaRows = 16 * kAttentionMmaWarps;  // a block's own row
 constexpr int kAttentionMmaCols = 64;                       // the tile it walks: 64 keys (queries for dK, dV)
 static_assert(kAttentionMmaRows == kAttentionMmaCols, "one shape for every (64, HS) tile");
 
+// Registers: a warp's accumulators are 4 x HS/8 floats a lane for O (forward) or dQ,
+// twice that for dK and dV; at HS 128 the dK/dV kernel holds 128 of them and stays
+// within the 255 that two blocks of 128 threads a SM allow (__launch_bounds__(128, 2)).
+// Shared memory: 64 x (HS + 8) bf16 a tile (rows padded by 16 bytes, so the 8 rows an
+// ldmatrix phase reads fall in distinct banks): 5 tiles forward (46 KB at HS 64, 87 KB
+// at 128), 6 backward.
 // Every dimension of the kernels for head size HS.
 template <int HS>
 struct AttentionMmaTiles {
@@ -90,6 +64,8 @@ constexpr float kLog2e = 1.4426950408889634f;  // log2(e): e^x = 2^(x log2 e)
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
 
 // ---- prologue -------------------------------------------------------------------
+// q, k, v (and dO) are copied once per call to bf16 (B, NH, T, HS) arrays, so tiles
+// move by cp.async, 16 bytes a lane, with no conversion on the way.
 
 // dst (B, NH, T, HS) bf16 = the heads of src (B, T, row stride), head h at
 // channels h*HS ..; one thread per 8 channels. Aligned sources (16 bytes, and
@@ -238,6 +214,15 @@ __device__ __forceinline__ void attention_mma_add_rows(float* dst, size_t ld, in
 }
 
 // ---- forward ------------------------------------------------------------------------
+// A block owns 64 queries (4 warps x 16) and walks the key tiles of 64 up to the
+// diagonal tile (the only one that needs the causal mask), K and V double-buffered:
+// tile n + 1 is in flight while tile n is used. Per tile, warp w:
+//   S = Q_w K^T by mma (Q_w's fragments loaded once), scaled by tau,
+//   m' = max(m, rowmax S), alpha = e^(m - m'), P = e^(S - m'),
+//   l = alpha l + rowsum P (per lane, summed over the row's 4 lanes at the end),
+//   O = alpha O + P V.
+// At the end out = O / l, lse = m + log l. The exponentials are exp2 of scores kept
+// in log2 units (S tau log2 e): one ex2 instruction each.
 
 // grid (ceil(T / 64), B * NH), block kAttentionMmaThreads, dynamic shared memory
 // Tile::forward_bytes. q, k, v: (B, NH, T, HS) bf16.
@@ -347,6 +332,14 @@ __global__ void __launch_bounds__(kAttentionMmaThreads, 2)
 }
 
 // ---- backward -----------------------------------------------------------------------
+// Delta_i = dO_i . O_i (attention.cuh's kernel), then two kernels, no atomics:
+//   dQ      a block owns 64 queries and walks the key tiles to the diagonal:
+//           S = Q_w K^T, dP = dO_w V^T, P = e^(tau S - lse), dS = P (dP - Delta),
+//           dQ_w += dS K;
+//   dK, dV  a block owns 64 keys (warp w 16 of them) and walks the query tiles from
+//           the diagonal on, 32 queries at a time: S^T = K_w Q^T, dP^T = V_w dO^T,
+//           P^T and dS^T as above, dV_w += P^T dO, dK_w += dS^T Q.
+// dQ and dK are scaled by tau when added to dqkv.
 
 // dQ. grid (ceil(T / 64), B * NH), block kAttentionMmaThreads, dynamic shared
 // memory Tile::backward_bytes. q, k, v, dy: (B, NH, T, HS) bf16.

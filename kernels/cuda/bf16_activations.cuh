@@ -3,13 +3,10 @@
 //
 //   copy[i] = bf16(act[i])   round to nearest, ties to even (__float2bfloat16)
 //
-// A bf16 matmul rounds both operands to bf16 (matmul.cuh). Its weights come
-// from the parameters' bf16 copy (bf16_parameters.cuh); its input, an
-// activation, was converted on every call, once in the forward and again in
-// the backward's dweight GEMM. The model registers the activations that are
-// matmul inputs (model/gpt.h: ln1, atty, ln2, fch_gelu, lnf, each its whole
-// (L, B, T, C)-like range); from then on this file keeps a bf16 copy of each
-// range, and the op that writes a registered activation writes its copy too:
+// The model registers the activations that are matmul inputs (model/gpt.h: ln1,
+// atty, ln2, fch_gelu, lnf, each its whole (L, B, T, C)-like range); from then on
+// this file keeps a bf16 copy of each range, and the op that writes a registered
+// activation writes its copy too:
 //   layernorm_forward    in the same kernel (layernorm.cuh)
 //   gelu_forward         in the same kernel (gelu.cuh)
 //   matmul_forward_gelu  a conversion after the library's fused GELU epilogue,
@@ -17,29 +14,24 @@
 //   anything else        refresh_activation_copy(p, count) after the write
 //                        (the model calls it after attention, whose many
 //                        kernels write fp32)
-// A matmul whose input lies inside a registered range reads the copy
-// (bf16_operand in matmul.cuh) instead of converting.
+// A bf16 matmul whose input lies inside a registered range reads the copy
+// (bf16_operand in matmul.cuh) instead of converting it, in the forward and again
+// in the backward's dweight GEMM; its weights come from bf16_parameters.cuh.
 //
-// Invariant: after a registered activation is written, copy == bf16(act) on
-// the written range (a write across a range's edge, or ranges that overlap, are
-// refused: activation_copy_to_write, register_activation_copy), so reading the copy gives bit for bit what converting
-// would: the bf16 build's steps are the same with or without copies
-// (test_cuda_model checks it). The fp32 values stay: the attention backward
-// reads atty, the non-finite search and the tests read all of them.
+// Invariant: after a registered activation is written, copy == bf16(act) on the
+// written range (a write across a range's edge, or ranges that overlap, are refused:
+// activation_copy_to_write, register_activation_copy), so reading the copy gives bit
+// for bit what converting would: the bf16 build's steps are the same with or without
+// copies (test_cuda_model checks it). The fp32 values stay: the attention backward
+// reads atty, the non-finite search and the tests read all of them. There is no CPU
+// twin: the CPU build is fp32 throughout.
 //
-// Cost and saving, in bytes a row (of C channels) and layer: the copies take 2 B
-// a value more memory (7C values: at GPT-2 124M, B 16, T 1024 ln1, atty, ln2
-// 0.30 GB each, fch_gelu 1.21 GB, lnf 0.03 GB: 2.1 GB). The per-call
-// conversions read 4 B and wrote 2 B a value, for the 7C activation values
-// twice (84C B) and the 9C gradient values (the douts dqkv, dattproj, dfch, dfcproj)
-// once (54C B). With copies the layer's two layernorms write 2 B more (4C B), atty
-// and the fused GELU's output are converted once (30C B): 84C -> 34C, a saving of
-// 50C B of the 138C, ~7.5 GB a step at that shape (~2 ms at 4 TB/s, ~3 % of a
-// 58 ms step).
+// Cost and saving: 2 bytes a value more memory (7C values a row and layer); they
+// save 50C of the 138C bytes a row and layer that per-call conversions would move.
 //
 // The fp32 build (-DKNNGPT_FP32) keeps no copies (its matmuls read fp32), and
 // bf16_activation_copies() = false (tests) makes registration a no-op, so the
-// matmuls convert per call as before. Unregister a range before its memory is
+// matmuls convert per call. Unregister a range before its memory is
 // freed, so a later allocation at the same address is never taken for it.
 #pragma once
 

@@ -16,7 +16,8 @@
 // Invariant: while registered, copy == bf16(params) elementwise, so reading the
 // copy gives bit for bit what converting would. Every write to the parameters
 // therefore goes through adamw_update, or is followed by register_parameters
-// again. The fp32 build (-DKNNGPT_FP32) keeps no copy.
+// again. The fp32 build (-DKNNGPT_FP32) keeps no copy, and there is no CPU twin:
+// the CPU build is fp32 throughout.
 //
 // One buffer at a time: registering another replaces the first (whose
 // matmuls then convert per call); unregister_parameters(params) forgets it,

@@ -5,39 +5,16 @@
 //   backward: dlogits[n,j] = (softmax_{j<V}(logits[n,:])_j - [j == targets[n]]) dloss   for j < V
 //             dlogits[n,j] = 0                                                          for V <= j < Vp
 //   fused:    crossentropy_fused writes both, losses and dlogits, from one set of row
-//             statistics (llm.c's fused_classifier); the training step uses it, so each
-//             row is read twice (its statistics in one online pass, then the
-//             probabilities) instead of five times.
-//
-// Logits in bf16 (Logit = __nv_bfloat16: the bf16 build's, backend.cuh): each is read
-// widened (exact), every operation is the fp32 one, and dlogits are stored rounded to bf16
-// (relative error <= 2^-8). Against the fp32 logits x they were rounded from, each rounded
-// logit is within eps = 2^-8 max_j |x_j| of x_j; logsumexp moves by at most eps (it is
-// 1-Lipschitz in the largest coordinate) and the target logit by eps, so the loss by at
-// most 2^-7 max_j |x_j| (test_cuda_loss_and_optimizer checks both this and the match with
-// the CPU twin on the rounded values).
+//             statistics (llm.c's fused_classifier); the training step uses it.
 //
 // Shapes: logits/dlogits (N, Vp), targets (N), losses (N); device pointers.
-// The padding columns V..Vp-1 never enter the softmax. Backward and fused WRITE
-// dlogits (=, not +=), and dlogits may alias logits.
+// The padding columns V..Vp-1 never enter the softmax. Nothing is saved for the
+// backward: it recomputes the row statistics from the logits. Backward and fused
+// WRITE dlogits (=, not +=), and dlogits may alias logits.
 //
-// Design: one warp per row; the row statistics (max, and the sum of exp(x - max))
-// in one pass over it, online: each lane keeps its running maximum m and the sum
-// s of exp(x - m) over its elements, rescaling s by exp(m_old - m_new) when m
-// grows, and the warp combines the lanes' pairs, M = max m (warp_reduce_max) and
-// sum of s e^(m - M) (warp_reduce_sum). The same sum as exp(x - M) summed
-// directly up to fp32 rounding (each term carries one or two more roundings, and
-// the additions are in another order): CudaClassifier's tests hold it to the CPU
-// twin's within their tolerance. (Read once instead of twice: the logits are
-// the largest activations, (B T, Vp) floats, 3.3 GB for GPT-2 at B 16, T 1024.)
-// The backward is
-// the fused kernel without the losses. In the fused kernel the
-// whole warp has finished both reductions (the shuffles synchronise it) before
-// any lane writes, and each lane then overwrites only the elements it reads
-// itself, so the in-place call is safe. The loss also needs the
-// target's logit, which another lane may overwrite: every lane reads it before
-// the reductions, and a __syncwarp (which, unlike the shuffles, orders memory)
-// separates all reads from the first write.
+// Design: one warp per row, whose statistics (max, and the sum of exp(x - max)) come
+// from one online pass, so the fused kernel reads each row twice (statistics, then
+// probabilities): the logits are the largest activations, (B T, Vp) values.
 #pragma once
 
 #include <cmath>
@@ -51,6 +28,14 @@ constexpr int kClassifierThreads = 256;  // 8 warps, 8 rows per block
 
 // ---- CUDA kernels -------------------------------------------------------------
 
+// Logits in bf16 (Logit = __nv_bfloat16: the bf16 build's, backend.cuh): each is read
+// widened (exact), every operation is the fp32 one, and dlogits are stored rounded to bf16
+// (relative error <= 2^-8). Against the fp32 logits x they were rounded from, each rounded
+// logit is within eps = 2^-8 max_j |x_j| of x_j; logsumexp moves by at most eps (it is
+// 1-Lipschitz in the largest coordinate) and the target logit by eps, so the loss by at
+// most 2^-7 max_j |x_j| (test_cuda_loss_and_optimizer checks both this and the match with
+// the CPU twin on the rounded values).
+//
 // A logit as float: fp32 as it is, bf16 widened (exact); and a value stored as a logit.
 __host__ __device__ __forceinline__ float logit_value(float x) { return x; }
 __host__ __device__ __forceinline__ float logit_value(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -61,7 +46,13 @@ __device__ __forceinline__ float logit_store<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 logit_store<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
-// max_{j<V} row[j] and sum_{j<V} exp(row[j] - max), online in one read of the row (header),
+// The online pass: each lane keeps its running maximum m and the sum s of exp(x - m)
+// over its elements, rescaling s by exp(m_old - m_new) when m grows, and the warp
+// combines the lanes' pairs, M = max m (warp_reduce_max) and sum of s e^(m - M)
+// (warp_reduce_sum). The same sum as exp(x - M) summed directly up to fp32 rounding
+// (each term carries one or two more roundings, and the additions are in another
+// order): CudaClassifier's tests hold it to the CPU twin's within their tolerance.
+// max_{j<V} row[j] and sum_{j<V} exp(row[j] - max), online in one read of the row (above),
 // reduced over the warp; every lane gets both. A lane whose elements are all -inf (or that has
 // none, V < 32) adds 0; a NaN or +inf logit makes the sum NaN, as the two-pass form does.
 template <class Logit>
@@ -98,7 +89,12 @@ __global__ void crossentropy_forward_kernel(float* losses, const Logit* logits, 
 }
 
 // losses (N) and dlogits (N, Vp) in one kernel: the row statistics once, then the loss and the writes.
-// losses == nullptr: dlogits only (the backward).
+// losses == nullptr: dlogits only (the backward; it is the fused kernel without the losses).
+// In-place (dlogits == logits): the whole warp has finished both reductions (the
+// shuffles synchronise it) before any lane writes, and each lane then overwrites only
+// the elements it reads itself. The loss also needs the target's logit, which another
+// lane may overwrite: every lane reads it before the reductions, and a __syncwarp
+// (which, unlike the shuffles, orders memory) separates all reads from the first write.
 template <class Logit>
 __global__ void crossentropy_fused_kernel(float* losses, Logit* dlogits, const Logit* logits, const int* targets,
                                           float dloss, int N, int V, int Vp) {

@@ -7,18 +7,10 @@
 // (B, T, C). Nothing is saved for backward beyond inp. Backward accumulates (+=)
 // into dwte and dwpe; the caller zeroes them. All pointers are device pointers.
 //
-// Backward, deterministic (the same bits on every run, as resume and several
-// GPUs need): a position t is shared by the B rows of the batch, so dwpe is
-// written by one thread per (t, c) that sums over b in order. A token may repeat
-// anywhere in inp, so dwte first sorts the positions by token, stably (a
-// counting sort: ranks within chunks of kEncoderChunk positions, per-chunk token
-// counts, their prefix sums), then one block per token sums its rows of dout in
-// position order and adds the sum once. From a zeroed dwte that is the CPU
-// twin's value bit for bit (it adds the same rows in the same order).
-// Cost: the (chunks, V) counts are zeroed and scanned each call, B T / 1024 x V
-// ints (3.2 MB at B 16, T 1024, V 50257; 206 MB at a million tokens a step), and a
-// token's rows are summed by one block, so one token filling most of the batch
-// (padding, say) serialises that sum.
+// Design: the backward is deterministic, no atomics (the same bits on every run, as
+// resume and several GPUs need): dwpe by one thread per (t, c) summing over b in
+// order; dwte by a stable sort of the positions by token, then one ordered sum per
+// token, which from a zeroed dwte is the CPU twin's value bit for bit.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +44,15 @@ __global__ void encoder_backward_wpe_kernel(float* dwpe, const float* dout, int 
     for (int b = 0; b < B; b++) sum += dout[(size_t)b * T * C + idx];
     dwpe[idx] += sum;
 }
+
+// dwte. A token may repeat anywhere in inp, so dwte first sorts the positions by
+// token, stably (a counting sort: ranks within chunks of kEncoderChunk positions,
+// per-chunk token counts, their prefix sums), then one block per token sums its rows
+// of dout in position order and adds the sum once (the CPU twin adds the same rows
+// in the same order). Cost: the (chunks, V) counts are zeroed and scanned each call,
+// B T / 1024 x V ints (3.2 MB at B 16, T 1024, V 50257; 206 MB at a million tokens a
+// step), and a token's rows are summed by one block, so one token filling most of
+// the batch (padding, say) serialises that sum.
 
 // dwte, pass 1: one block per chunk of kEncoderChunk positions p0 .. p0 + n - 1.
 //   rank[p]                = positions q < p of the chunk with inp[q] == inp[p]

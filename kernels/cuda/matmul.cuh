@@ -8,101 +8,19 @@
 //             dbias   += sum_n dout[n, :]            (OC)
 //
 // Shapes: inp (N, C), weight (OC, C), bias (OC) or nullptr, out/dout (N, OC).
-// Backward overwrites dinp (its GEMM runs with beta = 0 and does not read it,
-// so the caller need not zero it first) and accumulates (+=) into the
-// parameter gradients dweight and dbias; dbias may be nullptr. Device
-// pointers, all fp32.
+// The backward reads the forward's input inp; nothing else is saved. It overwrites
+// dinp (its GEMM runs with beta = 0 and does not read it, so the caller need not
+// zero it first) and accumulates (+=) into the parameter gradients dweight and
+// dbias; dbias may be nullptr. Device pointers, all fp32.
 //
-// Precision. matmul_precision() selects, at run time, how the GEMMs run:
-//   FP32  fp32 operands, fp32 accumulation;
-//   BF16  each GEMM operand is first rounded to bf16 (round to nearest even,
-//         as __float2bfloat16 does): inp and weight in forward, dout and
-//         weight for dinp, inp and dout for dweight. The products accumulate
-//         in fp32 and the outputs stay fp32 (out, and dinp/dweight += ...);
-//         the bias add and dbias (a sum of the fp32 dout) are fp32 in both
-//         modes. The signatures are the same in both modes: the rounding
-//         happens inside, by convert_to_bf16 (bf16_parameters.cuh) into a scratch buffer.
-//         A weight that is a registered parameter is read from the bf16
-//         copy of the parameters (bf16_parameters.cuh, kept by AdamW), an
-//         input that is a registered activation from its bf16 copy
-//         (bf16_activations.cuh, written by the op that wrote it); any other
-//         operand (the gradients dout) is converted on every call. A copy
-//         holds the very values the conversion would give, so where an
-//         operand comes from changes no bit; matmul_operand_stats() counts it.
-// The default is the build's: BF16, or FP32 in a build with -DKNNGPT_FP32.
-// Tests set matmul_precision() at run time to test both modes.
-//
-// Error of BF16 mode. bf16 keeps 8 significant bits, so each rounded operand
-// carries a relative error <= 2^-8 (half a unit in its last place), each product
-// a_k b_k of two rounded operands <= ~2^-7 (2^-8 + 2^-8 + 2^-16), and a sum over k
-//   |bf16 result - fp32 result| <= ~2^-7 sum_k |a_k b_k|  + fp32 accumulation error.
-// A product of two bf16 values (8 + 8 significant bits) is exact in fp32, so
-// the only rounding after the conversion is that of the fp32 accumulation.
-//
-// The GEMMs go to a library: cuBLASLt under nvcc (one handle and workspace
-// created on first use, see "Plans"; FP32: A, B, C fp32; BF16: A, B CUDA_R_16BF,
-// C/D CUDA_R_32F; both with CUBLAS_COMPUTE_32F and fp32 alpha/beta),
-// cblas_sgemm under KNNGPT_CUDA_EMU (the emulator's device memory is host
-// memory; in BF16 mode the bf16 operands are widened back to float on the
-// host, which is exact, and sgemm runs on those). The bf16 conversion, the
-// bias add and the dbias column sums are our own small kernels in both
-// builds.
-//
-// Scratch. The bf16 operands live in two buffers owned by this file (one per
-// GEMM operand slot), cudaMalloc'd on first use and grown (freed and
-// allocated again) when a larger operand comes; they are never freed, like
-// the dbias partial sums, and live for the process. Under the emulator the
-// widened float copies are two static host vectors, freed at exit. The
-// scratch is shared: call the matmuls from one host thread, on the default
-// stream (as everything here does).
-//
-// Epilogues. cuBLASLt can add the bias (CUBLASLT_EPILOGUE_BIAS) and apply
-// GELU while storing its input (CUBLASLT_EPILOGUE_GELU_AUX_BIAS) as it writes
-// the product, saving our separate passes over the (N, OC) output.
-// matmul_fusion() chooses how much is handed to it: by default bias and GELU
-// on sm_90+ GPUs, the bias alone on older ones and in the fp32 build. Where the library offers no
-// algorithm for an epilogue (the GELU input's leading dimension must be a
-// multiple of 8), the GEMM runs plain and our bias and GELU kernels follow.
-// Under the emulator the library's epilogue is emulated on the host (fp32,
-// gelu_tanh of gelu.cuh), so both paths are tested against the CPU twin.
-//
-// Layout trick. Both libraries are called column-major. A row-major (R, K)
-// array with leading dimension K is, read column-major, its transpose: a
-// (K, R) matrix with ld = K. So each row-major product Y = P @ Q is computed as
-// the column-major product Y^T = Q^T @ P^T, with the operands swapped and no
-// data moved:
-//   out^T  (OC, N) = weight   (OC, C) . inp^T  (C, N)   A = weight stored (C, OC): op T;  B = inp stored (C, N): op N
-//   dinp^T (C, N) += weight^T (C, OC) . dout^T (OC, N)  A = weight stored (C, OC): op N;  B = dout stored (OC, N): op N
-//   dweight^T (C, OC) += inp^T (C, N) . dout  (N, OC)   A = inp stored (C, N): op N;      B = dout stored (OC, N): op T
-//
-// Plans. Each GEMM's cuBLASLt descriptors (matmul descriptor, three layouts)
-// and the algorithm the heuristic chose are built once per key and cached
-// (detail::GemmKey: precision, ops, m n k, leading dimensions, epilogue kind,
-// the alignment of every pointer, workspace size, device; see "GEMM plans"
-// below), so a training step makes no heuristic query after the first. The
-// same key runs the same algorithm, so a cached plan gives the bits a fresh
-// one would. At most kMatmulPlanCapacity plans are held; a miss on a full
-// cache empties it (counted in matmul_plan_stats()). matmul_release() frees
-// the plans, the handle and the workspace, as does the exit. Under the
-// emulator the plans are the emulated library's descriptors (the key itself,
-// which the emulated GEMM runs), so keys and counters are tested there too.
-// Not thread-safe: a lookup may build a plan, and each call sets the bias and
-// GELU-input pointers on the cached descriptor, so the matmuls are called
-// from one host thread, as the scratch already requires.
-//
-// dbias, two passes, deterministic (no atomics; the chunking depends on N
-// only, so the bits are the same on every run and every device):
-//   1. partial[chunk, o] = sum over the chunk's kMatmulDbiasChunkRows rows:
-//      grid ceil(OC/32) x ceil(N/256) blocks of (32, 16) threads, each thread
-//      a stripe of 16 rows of one column, a fixed shared-memory tree per block;
-//   2. dbias[o] += partial[0, o] + partial[1, o] + ... in chunk order: one
-//      thread per column.
-// Cost: pass 1 reads dout once, N·OC·4 bytes, and writes N·OC/64 bytes;
-// pass 2 reads those back. GPT-2 124M at B 16, T 1024 (N = 16384): for
-// fcb (OC = 3072) 201 MB read, 6144 blocks (96 x 64); a layer's four biases
-// (OC = 2304, 768, 3072, 768) read N·6912·4 = 453 MB, ~95 us at 4.8 TB/s, ~1.1
-// ms per 12-layer step. The one-pass kernel it replaces ran ceil(OC/32)
-// blocks (24 for OC = 768, on 132 SMs), each walking all N rows.
+// Design: the GEMMs go to a library (cuBLASLt under nvcc, cblas_sgemm under the
+// emulator). In the default BF16 precision every operand is rounded to bf16 and the
+// products accumulate in fp32; weights and registered activations are read from
+// their bf16 copies, which hold the very values a conversion would give. The bias
+// add and GELU run in the library's epilogue where it offers one, and dbias is our
+// own two-pass sum, so every result is the same bits on every run. The sections
+// below hold the details: precision and its error, the library and its scratch,
+// the column-major layout, epilogues, plans, dbias.
 #pragma once
 
 #include <cstddef>
@@ -131,10 +49,36 @@ constexpr size_t kMatmulWorkspaceBytes = 32u * 1024 * 1024;  // cuBLASLt workspa
 
 // ---- precision ----------------------------------------------------------------
 
+// Precision. matmul_precision() selects, at run time, how the GEMMs run:
+//   FP32  fp32 operands, fp32 accumulation;
+//   BF16  each GEMM operand is first rounded to bf16 (round to nearest even,
+//         as __float2bfloat16 does): inp and weight in forward, dout and
+//         weight for dinp, inp and dout for dweight. The products accumulate
+//         in fp32 and the outputs stay fp32 (out, and dinp/dweight += ...);
+//         the bias add and dbias (a sum of the fp32 dout) are fp32 in both
+//         modes. The signatures are the same in both modes: the rounding
+//         happens inside, by convert_to_bf16 (bf16_parameters.cuh) into a scratch buffer.
+//         A weight that is a registered parameter is read from the bf16
+//         copy of the parameters (bf16_parameters.cuh, kept by AdamW), an
+//         input that is a registered activation from its bf16 copy
+//         (bf16_activations.cuh, written by the op that wrote it); any other
+//         operand (the gradients dout) is converted on every call. A copy
+//         holds the very values the conversion would give, so where an
+//         operand comes from changes no bit; matmul_operand_stats() counts it.
+// The default is the build's: BF16, or FP32 in a build with -DKNNGPT_FP32.
+// Tests set matmul_precision() at run time to test both modes.
+//
+// Error of BF16 mode. bf16 keeps 8 significant bits, so each rounded operand
+// carries a relative error <= 2^-8 (half a unit in its last place), each product
+// a_k b_k of two rounded operands <= ~2^-7 (2^-8 + 2^-8 + 2^-16), and a sum over k
+//   |bf16 result - fp32 result| <= ~2^-7 sum_k |a_k b_k|  + fp32 accumulation error.
+// A product of two bf16 values (8 + 8 significant bits) is exact in fp32, so
+// the only rounding after the conversion is that of the fp32 accumulation.
+
 enum class MatmulPrecision { FP32, BF16 };
 
 // The precision of every matmul_forward/matmul_backward call from now on (see
-// the file header). Starts as the build's default: BF16, FP32 with
+// "Precision" above). Starts as the build's default: BF16, FP32 with
 // -DKNNGPT_FP32. Tests assign it, e.g. matmul_precision() = MatmulPrecision::FP32.
 inline MatmulPrecision& matmul_precision() {
 #if defined(KNNGPT_FP32)
@@ -145,7 +89,17 @@ inline MatmulPrecision& matmul_precision() {
     return precision;
 }
 
-// What the GEMM library's epilogue does for us (see "Epilogues" in the header):
+// Epilogues. cuBLASLt can add the bias (CUBLASLT_EPILOGUE_BIAS) and apply
+// GELU while storing its input (CUBLASLT_EPILOGUE_GELU_AUX_BIAS) as it writes
+// the product, saving our separate passes over the (N, OC) output.
+// matmul_fusion() chooses how much is handed to it: by default bias and GELU
+// on sm_90+ GPUs, the bias alone on older ones and in the fp32 build. Where the library offers no
+// algorithm for an epilogue (the GELU input's leading dimension must be a
+// multiple of 8), the GEMM runs plain and our bias and GELU kernels follow.
+// Under the emulator the library's epilogue is emulated on the host (fp32,
+// gelu_tanh of gelu.cuh), so both paths are tested against the CPU twin.
+//
+// What the GEMM library's epilogue does for us (see "Epilogues" above):
 //   None      nothing: the bias add and GELU are our own kernels
 //   Bias      the bias add (matmul_forward, and the GEMM of matmul_forward_gelu)
 //   BiasGelu  the bias add, and GELU with its input stored (matmul_forward_gelu)
@@ -183,6 +137,16 @@ __global__ void matmul_bias_add_kernel(float* out, const float* bias, int N, int
     out[i] += bias[i % (size_t)OC];
 }
 
+// dbias, two passes, deterministic (no atomics; the chunking depends on N
+// only, so the bits are the same on every run and every device):
+//   1. partial[chunk, o] = sum over the chunk's kMatmulDbiasChunkRows rows:
+//      grid ceil(OC/32) x ceil(N/256) blocks of (32, 16) threads, each thread
+//      a stripe of 16 rows of one column, a fixed shared-memory tree per block;
+//   2. dbias[o] += partial[0, o] + partial[1, o] + ... in chunk order: one
+//      thread per column.
+// Pass 1 reads dout once, N·OC·4 bytes, and writes N·OC/64 bytes; pass 2 reads
+// those back.
+//
 // dbias, pass 1: partial[chunk, o] = sum of dout[n, o] over the rows n of
 // chunk (rows chunk * kMatmulDbiasChunkRows onwards, at most that many).
 // Grid (ceil(OC/32), chunks), block (32, kMatmulDbiasStripes): threadIdx.x
@@ -213,6 +177,32 @@ __global__ void matmul_dbias_partial_kernel(float* partial, const Dout* dout, in
 
 // ---- column-major GEMM --------------------------------------------------------
 
+// The GEMMs go to a library: cuBLASLt under nvcc (one handle and workspace
+// created on first use, see "Plans"; FP32: A, B, C fp32; BF16: A, B CUDA_R_16BF,
+// C/D CUDA_R_32F; both with CUBLAS_COMPUTE_32F and fp32 alpha/beta),
+// cblas_sgemm under KNNGPT_CUDA_EMU (the emulator's device memory is host
+// memory; in BF16 mode the bf16 operands are widened back to float on the
+// host, which is exact, and sgemm runs on those). The bf16 conversion, the
+// bias add and the dbias column sums are our own small kernels in both
+// builds.
+//
+// Scratch. The bf16 operands live in two buffers owned by this file (one per
+// GEMM operand slot), cudaMalloc'd on first use and grown (freed and
+// allocated again) when a larger operand comes; they are never freed, like
+// the dbias partial sums, and live for the process. Under the emulator the
+// widened float copies are two static host vectors, freed at exit. The
+// scratch is shared: call the matmuls from one host thread, on the default
+// stream (as everything here does).
+//
+// Layout trick. Both libraries are called column-major. A row-major (R, K)
+// array with leading dimension K is, read column-major, its transpose: a
+// (K, R) matrix with ld = K. So each row-major product Y = P @ Q is computed as
+// the column-major product Y^T = Q^T @ P^T, with the operands swapped and no
+// data moved:
+//   out^T  (OC, N) = weight   (OC, C) . inp^T  (C, N)   A = weight stored (C, OC): op T;  B = inp stored (C, N): op N
+//   dinp^T (C, N) += weight^T (C, OC) . dout^T (OC, N)  A = weight stored (C, OC): op N;  B = dout stored (OC, N): op N
+//   dweight^T (C, OC) += inp^T (C, N) . dout  (N, OC)   A = inp stored (C, N): op N;      B = dout stored (OC, N): op T
+
 namespace detail {
 
 #if !defined(KNNGPT_CUDA_EMU)
@@ -233,7 +223,7 @@ inline uint32_t pointer_alignment(const void* p) {
 }
 
 // A bf16 scratch buffer of this file, one per GEMM operand slot (0 or 1),
-// grown on demand and never freed (see the file header).
+// grown on demand and never freed (see "Scratch" above).
 inline __nv_bfloat16* bf16_scratch(int slot, size_t count) {
     static DeviceScratch scratch[2];
     return static_cast<__nv_bfloat16*>(scratch[slot].get(count * sizeof(__nv_bfloat16)));
@@ -299,13 +289,26 @@ struct GemmEpilogue {
 
 // ---- GEMM plans -----------------------------------------------------------------
 //
+// Plans. Each GEMM's cuBLASLt descriptors (matmul descriptor, three layouts)
+// and the algorithm the heuristic chose are built once per key and cached
+// (GemmKey, below), so a training step makes no heuristic query after the
+// first. The same key runs the same algorithm, so a cached plan gives the bits
+// a fresh one would. At most kMatmulPlanCapacity plans are held; a miss on a
+// full cache empties it (counted in matmul_plan_stats()). matmul_release()
+// frees the plans, the handle and the workspace, as does the exit. Under the
+// emulator the plans are the emulated library's descriptors (the key itself,
+// which the emulated GEMM runs), so keys and counters are tested there too.
+// Not thread-safe: a lookup may build a plan, and each call sets the bias and
+// GELU-input pointers on the cached descriptor, so the matmuls are called
+// from one host thread, as the scratch already requires.
+//
 // A plan is what a GEMM needs from the library before it can run: under nvcc
 // the matmul descriptor (ops, epilogue kind, the GELU input's leading
 // dimension), the three matrix layouts, and the algorithm the heuristic chose
 // for them under our preference (workspace size, operand alignments; the
 // preference is only the heuristic's input, destroyed once it has answered).
 // Building one costs ~10 library calls and a heuristic query, so each is built
-// once per GemmKey and kept in a cache (see the file header). The answer "no
+// once per GemmKey and kept in a cache (see "Plans" above). The answer "no
 // algorithm for this epilogue" is cached too.
 //
 // The key holds everything that determines the descriptors and the answer:
@@ -760,7 +763,7 @@ inline bool matmul_backward_of_empty_sum(float* dinp, int N, int C, int OC) {
     return true;
 }
 
-// dbias += sum_n dout[n, :] in two passes (see "dbias" in the file header): chunk partial
+// dbias += sum_n dout[n, :] in two passes (see "dbias" above matmul_dbias_partial_kernel): chunk partial
 // sums, then their fixed-order sum; dout fp32 or bf16 (widened, exactly)
 template <class Dout>
 inline void matmul_dbias(float* dbias, const Dout* dout, int N, int OC) {

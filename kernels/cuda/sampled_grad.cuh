@@ -100,23 +100,10 @@ constexpr int kSampledGradThreads = 256;  // 8 warps, one row each
 //   The weights are recomputed from the buffer in pass 3, not stored (fp64 rows would
 //   double the buffer). Instances: HS 8, 16, 32, 64, 128 (float4 loads, HS / 32 channel
 //   slots a lane) and a run-time one (any HS, scalar loads, for other head sizes or a
-//   qkv not 16-byte aligned); __launch_bounds__(256, 2). `nvcc -Xptxas -v` (CUDA 13,
-//   sm_90): 122-128 registers for the fixed head sizes, no spills; the run-time one 128
-//   with 56 bytes spilled (its 8 channel slots); the one-warp-per-row kernel it replaces
-//   took 234, one block a SM. LazyGumbel's kernel: 235 (the sampler inlined).
-//   Estimated cost at T = 16K, HS 64, s = 16, per (b, h), on an H200 (estimates, not
-//   measured): the scores as the top-k kernel's (134M dots, ~0.45 ms, topk_index.cuh);
-//   the buffer one write and about 2.5 reads per score (passes 1, 2, and 3 until the
-//   chunk is placed, half a row on average), ~1.9 GB -> ~0.4 ms from HBM; the serial
-//   fp64 running sums of passes 2 and 3 (every lane adds all the weights in order, 32
-//   shuffles per 32 keys, ~200M fp64 exp over the warps): ~1G warp instructions, ~1 ms
-//   at the ~1e12 warp instructions a second of 132 SMs; the terms, s (3 HS) loads and
-//   2 HS atomics a row, ~0.3 GB, ~0.1 ms. So ~2 ms, where the one-warp-per-row passes
-//   it replaces recomputed every score three times with each lane reading its own key
-//   (256 B at a 3C stride: 32 cache lines per warp load), ~100 GB through L1/L2, ~10 ms.
-//   The running sums, serial so that every sample is the CPU's, bound it. Measured on an
-//   H200 (tools/bench_attention_cuda.cu, HS 64, s 16, 16 heads): 94.6 ms at T 16K, 5.9 ms
-//   per (b, h), against 8.5 ms for the exact backward of all 16 heads.
+//   qkv not 16-byte aligned); __launch_bounds__(256, 2). Per score the buffer takes
+//   one write and about 2.5 reads (passes 1, 2, and 3 until the chunk is placed); the
+//   serial fp64 running sums of passes 2 and 3 (every lane adds all the weights in
+//   order), kept serial so that every sample is the CPU's, bound the kernel's time.
 // LazyGumbel: for each chunk of 32 samples, lane L draws sample m0 + L with the shared
 //   sampler, on its own (the lanes' walks diverge and never synchronise inside).
 // Terms (both sources), O(s HS / 32) per lane: lanes stride over the head's channels

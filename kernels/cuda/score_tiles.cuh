@@ -4,27 +4,12 @@
 // head h, query i and key j <= i:
 //   dot(i, j) = attention_dot(q_i, k_j) (kernels/common/attention_score.h):
 //               acc = fmaf(q_d, k_jd, acc) over d = 0..HS-1 in order
-// so every score equals the CPU's bit for bit. Shapes: qkv (B, T, 3C) as in
-// attention.cuh, head h of q at channel h * HS, of k at C + h * HS.
-//
-// A block of kScoreTileThreads = 256 threads (8 warps) owns a query tile of
-// kScoreTileQueries = 32 queries of one (b, h). The query tile (32, HS) is loaded
-// into shared memory once; key tiles of kScoreTileKeys = 64 keys (64, HS) follow, up
-// to the tile's last query. Both loads are coalesced along HS (float4 when the head
-// size is fixed, a multiple of 4, and qkv 16-byte aligned). Key rows sit at a padded
-// stride (score_key_stride) so that 32 lanes reading one dimension of 32 keys (or one
-// float4 of each, a quarter warp at a time) hit distinct banks. Thread (warp w,
-// lane l) computes the 4 x 2 dots of queries w + 8r (r < 4) against keys l and l + 32
-// of the key tile: a key value read from shared memory serves 4 queries and a
-// (broadcast) query value 2 keys. Each dot goes to store(q_local, j, dot), with
-// consecutive lanes on consecutive keys, so a store into a row buffer is coalesced.
-//
-// The row buffers are global scratch, one slice of 32 rows per resident block: the
-// grids are persistent (kScoreBlocksPerSm blocks a SM), each block walking the query
-// tiles blockIdx.x, + gridDim.x, ... of a longest-first order (score_tile_item).
-// Budget: 2 x SMs x 32 x round_up(T, 4) x 4 bytes = 33.8 KB x T on an H200 (132 SMs):
-// 35 MB at T = 1K, 554 MB at T = 16K; one buffer serves both kernels (they run one
-// after the other on a stream).
+// so every score equals the CPU's bit for bit (the same fma chain in the same
+// order). Shapes: qkv (B, T, 3C) as in attention.cuh, head h of q at channel
+// h * HS, of k at C + h * HS. Scores go to row buffers in global scratch.
+// Design: a block of 8 warps owns a tile of 32 queries and stages the query tile and
+// key tiles of 64 in shared memory, so each key value read serves 4 queries and each
+// (broadcast) query value 2 keys; the grids are persistent, longest tiles first.
 #pragma once
 
 #include <cstddef>
@@ -98,6 +83,18 @@ __device__ __forceinline__ ScoreTileItem score_tile_item(int item, int B, int T,
     return it;
 }
 
+// A block of kScoreTileThreads = 256 threads (8 warps) owns a query tile of
+// kScoreTileQueries = 32 queries of one (b, h). The query tile (32, HS) is loaded
+// into shared memory once; key tiles of kScoreTileKeys = 64 keys (64, HS) follow, up
+// to the tile's last query. Both loads are coalesced along HS (float4 when the head
+// size is fixed, a multiple of 4, and qkv 16-byte aligned). Key rows sit at a padded
+// stride (score_key_stride) so that 32 lanes reading one dimension of 32 keys (or one
+// float4 of each, a quarter warp at a time) hit distinct banks. Thread (warp w,
+// lane l) computes the 4 x 2 dots of queries w + 8r (r < 4) against keys l and l + 32
+// of the key tile: a key value read from shared memory serves 4 queries and a
+// (broadcast) query value 2 keys. Each dot goes to store(q_local, j, dot), with
+// consecutive lanes on consecutive keys, so a store into a row buffer is coalesced.
+//
 // Every dot of the tile's queries against keys 0 .. n_tile - 1, each once, to
 // store(q_local, j, dot) (for q_local = every row of the tile, valid or zero-padded,
 // and j < n_tile). head: qkv at (b, 0, h * HS); q_tile (32, HS) and k_tile (64,
@@ -155,6 +152,12 @@ __device__ void score_query_tile(float* q_tile, float* k_tile, const float* head
 
 // ---- host side ------------------------------------------------------------------
 
+// The row buffers are global scratch, one slice of 32 rows per resident block: the
+// grids are persistent (kScoreBlocksPerSm blocks a SM), each block walking the query
+// tiles blockIdx.x, + gridDim.x, ... of a longest-first order (score_tile_item).
+// Size: 2 x SMs x 32 x round_up(T, 4) x 4 bytes, 33.8 KB x T with 132 SMs (35 MB at
+// T = 1K, 554 MB at T = 16K); one buffer serves both kernels (they run one after the
+// other on a stream).
 // The row buffers, kept across calls (bytes; grown on demand).
 inline void* score_rows_scratch(size_t bytes) {
     static DeviceScratch scratch;

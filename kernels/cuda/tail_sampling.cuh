@@ -14,19 +14,10 @@
 //                 p_t = u_t unless u_t was drawn before, then top_t. A position maps
 //                 to its key by skipping the head: key(p) = the p-th key not in S_i.
 //   Head keys must be distinct and <= i (as top-k lists are); any slot order.
+// The backward (sparse_attention.cuh) reads these lists as fixed samples (§3.5).
 //
-// Design: one thread per (b, h, i) row, everything in the row's own slots. Floyd's
-// "drawn before" is a linear scan over the row's earlier draws (m is small), the
-// same answer as the CPU's hash set. The positions go into the tail slots first and
-// are turned into keys in a second loop: for a sorted head (top-k rows are),
-// key(p) = p + #{r : S[r] - r <= p}, O(k) per draw as on the CPU; for an unsorted
-// head, the fixed point of x <- p + #{s in S : s <= x} from x = p (the smallest x
-// with p keys outside S below it and x itself outside S).
-// The weight is log(|R_i| / m) in double, rounded to fp32, as on the CPU. The
-// indices are integer arithmetic and equal the CPU's everywhere; the weight is
-// equal under the emulator (the host's log) and on a GPU up to the device log,
-// which may differ from glibc's in the last bit of the double (almost never
-// visible after rounding to fp32).
+// Design: one thread per (b, h, i) row, everything in the row's own slots, with the
+// CPU's integer arithmetic, so the indices equal the CPU's everywhere.
 #pragma once
 
 #include <cmath>
@@ -43,6 +34,16 @@ namespace knngpt::cuda {
 constexpr int kTailThreads = 128;  // one row per thread
 
 // ---- CUDA kernels -------------------------------------------------------------
+// Floyd's "drawn before" is a linear scan over the row's earlier draws (m is small),
+// the same answer as the CPU's hash set. The positions go into the tail slots first
+// and are turned into keys in a second loop: for a sorted head (top-k rows are),
+// key(p) = p + #{r : S[r] - r <= p}, O(k) per draw as on the CPU; for an unsorted
+// head, the fixed point of x <- p + #{s in S : s <= x} from x = p (the smallest x
+// with p keys outside S below it and x itself outside S).
+// The weight is log(|R_i| / m) in double, rounded to fp32, as on the CPU: equal under
+// the emulator (the host's log) and on a GPU up to the device log, which may differ
+// from glibc's in the last bit of the double (almost never visible after rounding to
+// fp32).
 
 // whether key j is one of the valid head slots of the row
 __device__ __forceinline__ bool tail_in_head(const int* head, int k, int j) {

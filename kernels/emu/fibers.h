@@ -29,23 +29,9 @@
 // thread and the call sites involved. The emulator is ready for the next
 // launch; the abandoned fibers' stack objects are never destroyed.
 //
-// The current fiber is a plain global pointer that whoever switches to a
-// fiber sets just before the switch; threadIdx reads through it. (A
-// thread_local would be the same for every fiber of the OS thread.)
-//
-// Stacks: 64 KiB per fiber unless set_fiber_stack_bytes or the environment
-// variable KNNGPT_EMU_STACK_KIB says otherwise, each above a guard page, so
-// an overflow that grows frame by frame faults instead of corrupting a
-// neighbour (one frame larger than a page can still jump it). They are mapped
-// by the first launch that needs them and reused by every later block and
-// launch.
-// swapcontext makes one system call per switch (for the signal mask), which
-// is fine for test-sized launches.
-//
-// AddressSanitizer (make test SANITIZE=1) tracks one stack per OS thread; every
-// switch tells it which stack comes next and where it is (switch_context), or
-// it would take a fiber's frames for overflows of the thread's stack. Its
-// frames are larger, so the default stack is 4 times larger under it.
+// Design: blocks run sequentially on one OS thread, which is what makes a static
+// __shared__ correct (types.h) and atomics plain read-modify-writes; never run
+// blocks on several OS threads without giving each its own shared memory.
 #pragma once
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -132,6 +118,12 @@ struct Fiber {
 };
 
 // ---- fiber stacks -----------------------------------------------------------
+// 64 KiB per fiber unless set_fiber_stack_bytes or the environment variable
+// KNNGPT_EMU_STACK_KIB says otherwise, each above a guard page, so an overflow
+// that grows frame by frame faults instead of corrupting a neighbour (one frame
+// larger than a page can still jump it). They are mapped by the first launch that
+// needs them and reused by every later block and launch. AddressSanitizer's frames
+// are larger, so the default stack is 4 times larger under it.
 
 inline size_t& fiber_stack_setting() {
     static size_t bytes = [] {
@@ -259,6 +251,9 @@ struct Launch {
 
 namespace detail {
 inline Launch* active = nullptr;
+// The current fiber: a plain global pointer that whoever switches to a fiber sets
+// just before the switch; threadIdx reads through it. (A thread_local would be the
+// same for every fiber of the OS thread.)
 inline Fiber* current = nullptr;
 inline uint3 block_idx{0, 0, 0};
 inline dim3 block_dim, grid_dim;
@@ -287,6 +282,11 @@ inline std::string where(const Launch& launch, const Fiber& f) {
 }
 
 // ---- switching --------------------------------------------------------------
+// swapcontext makes one system call per switch (for the signal mask), which is
+// fine for test-sized launches. AddressSanitizer (make test SANITIZE=1) tracks one
+// stack per OS thread; every switch tells it which stack comes next and where it
+// is (switch_context), or it would take a fiber's frames for overflows of the
+// thread's stack.
 
 // swapcontext(from, to), where `to` runs on the stack [to_stack, to_stack +
 // to_stack_bytes). Under AddressSanitizer the switch is announced, and the

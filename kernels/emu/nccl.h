@@ -4,21 +4,13 @@
 // values and signatures are NCCL's (2.28), so the same trainer code compiles
 // against either. Buffers must be emulated device memory: every buffer range
 // must lie inside one cudaMalloc allocation, else ncclInvalidArgument, as a
-// host pointer would fault on a GPU. Results are deterministic: every
-// reduction gathers all ranks' contributions (MPI_Alltoall) and combines them
-// in rank order 0..N-1 on the rank that owns that part of the result, which
-// then sends it to the others, so every rank gets the same bits whatever
-// MPI's own reduction order; ncclAvg is that sum divided by nranks (NCCL
-// itself pre-multiplies floats by 1/nranks), and bf16 is reduced in fp32 and
-// rounded once at the end (NCCL rounds at each step). Work is synchronous like
-// the rest of the emulator: a collective has completed when it returns, any
-// cudaStream_t is accepted, and calls between ncclGroupStart and ncclGroupEnd
-// are checked at once, queued, and run in call order at the outermost
-// ncclGroupEnd. A communicator of one rank needs no MPI (every collective is a
-// copy); one of more needs a build with MPI (KNNGPT_MPI) and processes started
-// by mpirun, and its ncclCommInitRank is collective over MPI_COMM_WORLD (an
-// MPI_Comm_split keyed by the unique id), so every process of the job must
-// call it, in the same order, even those that join another communicator.
+// host pointer would fault on a GPU. Work is synchronous like the rest of the
+// emulator: a collective has completed when it returns, any cudaStream_t is
+// accepted.
+// Design: results are deterministic. Every reduction gathers all ranks'
+// contributions (MPI_Alltoall) and combines them in rank order 0..N-1 on the rank
+// that owns that part of the result, which then sends it to the others, so every
+// rank gets the same bits whatever MPI's own reduction order.
 // Limits: reductions on the 1-, 4- and 8-byte integers, fp32, fp64 and bf16
 // only (fp16 and fp8 are moved, never reduced); no user reduction ops, no
 // point-to-point, no non-blocking communicators (never ncclInProgress); an
@@ -187,6 +179,9 @@ inline bool reducible(ncclDataType_t type) {
 }
 
 // ---- reductions, in rank order --------------------------------------------------
+// ncclAvg is the rank-order sum divided by nranks (NCCL itself pre-multiplies floats
+// by 1/nranks), and bf16 is reduced in fp32 and rounded once at the end (NCCL
+// rounds at each step).
 
 // How an element is combined: integers in their own type with wrap-around
 // (through the unsigned type, as a GPU's adds wrap), floats in their own
@@ -341,6 +336,8 @@ inline ncclResult_t check_overlap(const char* call, const void* send, size_t sen
 }
 
 // ---- groups ---------------------------------------------------------------------------
+// Calls between ncclGroupStart and ncclGroupEnd are checked at once, queued, and
+// run in call order at the outermost ncclGroupEnd.
 
 struct Pending {
     ncclComm_t comm;
@@ -536,6 +533,11 @@ std::function<ncclResult_t()> guarded(const char* call, Run run) {
 }
 
 // ---- communicators ----------------------------------------------------------------------------
+// A communicator of one rank needs no MPI (every collective is a copy); one of more
+// needs a build with MPI (KNNGPT_MPI) and processes started by mpirun, and its
+// ncclCommInitRank is collective over MPI_COMM_WORLD (an MPI_Comm_split keyed by the
+// unique id), so every process of the job must call it, in the same order, even
+// those that join another communicator.
 
 // The MPI_Comm_split color of an id: FNV-1a over its bytes, made non-negative.
 inline int id_color(const ncclUniqueId& id) {
