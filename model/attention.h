@@ -29,6 +29,7 @@
 #include <string>
 
 #include "kernels/common/attention_params.h"
+#include "model/attention_registry.h"
 #include "model/backend.h"
 
 namespace knngpt {
@@ -39,7 +40,7 @@ struct AttnConfig {
     AttnMode mode = AttnMode::Exact;
     int k = 16;     // nearest keys per query (kmv: the heavy-key budget)
     int tail = 0;   // m: tail samples (knn-tail) or light samples (kmv) per query
-    ops::TopkIndex index = ops::TopkIndex::Brute;       // the top-k search
+    TopkIndex index = TopkIndex::Brute;                 // the top-k search (model/attention_registry.h)
     AttnGrad grad = AttnGrad::Exact;                    // exact or sampled gradients
     int grad_samples = 16;                              // s: samples per query of the sampled gradients
     AttnGradSource grad_source = AttnGradSource::Auto;  // where the sampled gradients draw from
@@ -68,34 +69,8 @@ struct AttnConfig {
     // does any pass search the top-k keys (the forward's lists, or the sampler's)?
     bool uses_topk_index() const { return mode != AttnMode::Exact || sampled_from_lazy_gumbel(); }
     // is the index approximate (its lists need not be the exact top k)?
-    bool index_is_approximate() const {
-        return index == ops::TopkIndex::Lsh || index == ops::TopkIndex::Cluster || index == ops::TopkIndex::Heavy ||
-               index == ops::TopkIndex::Ivf;
-    }
+    bool index_is_approximate() const { return !topk_index_info(index).exact; }
 };
-
-inline const char* attn_mode_name(AttnMode m) {
-    switch (m) {
-        case AttnMode::Exact: return "exact";
-        case AttnMode::Knn: return "knn";
-        case AttnMode::KnnTail: return "knn-tail";
-        case AttnMode::Gumbel: return "gumbel";
-        case AttnMode::Kmv: return "kmv";
-    }
-    return "?";
-}
-inline const char* attn_index_name(ops::TopkIndex i) {
-    switch (i) {
-        case ops::TopkIndex::Brute: return "brute";
-        case ops::TopkIndex::Block: return "block";
-        case ops::TopkIndex::Lsh: return "lsh";
-        case ops::TopkIndex::Cluster: return "cluster";
-        case ops::TopkIndex::Int8: return "int8";
-        case ops::TopkIndex::Heavy: return "heavy";
-        case ops::TopkIndex::Ivf: return "ivf";
-    }
-    return "?";
-}
 
 // The rules an AttnConfig must keep, checked once here: the model refuses a
 // configuration that breaks one (gpt_set_attention), and the trainer words each in
@@ -113,11 +88,11 @@ enum class AttnProblem {
     KmvAlphaWithoutKmv,       // a kmv alpha other than 1/3 with a mode other than kmv
     GradSamplesBelowOne,      // grad_samples < 1
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
-    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index (lsh, cluster, heavy, ivf):
+    LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index:
                                 // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
     GumbelWithoutSampledGrad,   // gumbel has no exact gradient (its samples are discrete)
-    KmvNotInBuild,              // this backend has no kmv kernels
-    IndexNotInBuild,            // this backend has no kernels for the top-k index named
+    ModeNotInBuild,             // this build has no kernels for the mode (model/attention_registry.h)
+    IndexNotInBuild,            // this build has no kernels for the top-k index named
     TooManyGumbelGroups,        // more median-of-means groups than this backend's gumbel kernel holds
 };
 
@@ -136,9 +111,9 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (a.index_is_approximate() && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
         return AttnProblem::LazyGumbelNeedsExactIndex;
     if (a.mode == AttnMode::Gumbel && a.grad == AttnGrad::Exact) return AttnProblem::GumbelWithoutSampledGrad;
+    if (!in_this_build(attn_mode_info(a.mode).builds)) return AttnProblem::ModeNotInBuild;
+    if (a.uses_topk_index() && !in_this_build(topk_index_info(a.index).builds)) return AttnProblem::IndexNotInBuild;
     const AttnCapabilities can = ops::attention_capabilities();
-    if (a.mode == AttnMode::Kmv && !can.kmv) return AttnProblem::KmvNotInBuild;
-    if (a.uses_topk_index() && !can.has_index(a.index)) return AttnProblem::IndexNotInBuild;
     if (a.mode == AttnMode::Gumbel && a.gumbel_groups > can.max_gumbel_groups) return AttnProblem::TooManyGumbelGroups;
     return AttnProblem::None;
 }
@@ -159,9 +134,9 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::KmvAlphaWithoutKmv: return "a kmv alpha with a mode other than kmv";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
-        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index (lsh, cluster, heavy, ivf)";
+        case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index";
         case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
-        case AttnProblem::KmvNotInBuild: return "kmv, which this build has no kernels for";
+        case AttnProblem::ModeNotInBuild: return "a mode this build has no kernels for";
         case AttnProblem::IndexNotInBuild: return "a top-k index this build has no kernels for";
         case AttnProblem::TooManyGumbelGroups: return "more gumbel groups than this build's kernel holds";
     }
@@ -228,12 +203,21 @@ struct AttnLayerCall {
     AttnScratch scratch;
 };
 
-inline ops::LshParams lsh_params(const AttnLayerCall& call) {
-    ops::LshParams p;
+inline LshParams lsh_params(const AttnLayerCall& call) {
+    LshParams p;
     p.seed = call.config.seed;
     p.step = call.draw_step;
     p.layer = call.layer;
     return p;
+}
+
+// idx (B, NH, T, k): the top-k lists of the configured index, by this build's entry
+inline void causal_topk(int* idx, const AttnLayerCall& call, const float* qkv, int B, int T, int C, int NH) {
+    const TopkIndexInfo& index = topk_index_info(call.config.index);
+    if (!index.entry)  // refused before a run starts (attn_config_problem); a caller that skipped the check
+        throw std::invalid_argument(std::string("causal_topk: index ") + index.name + " has no kernel in " +
+                                    build_name(kThisBuild));
+    index.entry(idx, qkv, B, T, C, NH, call.config.k, lsh_params(call), nullptr);
 }
 
 // out (B, T, C), lse (B, NH, T), qkv (B, T, 3C).
@@ -247,12 +231,12 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
             ops::attention_forward(out, lse, qkv, B, T, C, NH);
             return;
         case AttnMode::Knn:
-            ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
+            causal_topk(st.idx, call, qkv, B, T, C, NH);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, nullptr, B, T, C, NH, st.K);
             return;
         case AttnMode::KnnTail: {
             // top-k into the first k slots of each (k + m)-slot list, then the tail samples
-            ops::causal_topk(call.scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
+            causal_topk(call.scratch.topk, call, qkv, B, T, C, NH);
             topk_into_lists(st.idx, st.K, call.scratch.topk, a.k, (size_t)B * NH * T);
             ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.k, a.tail, false, a.seed, call.draw_step, layer,
                                   call.draw_batch0);
@@ -260,7 +244,7 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
             return;
         }
         case AttnMode::Gumbel:
-            ops::causal_topk(st.idx, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
+            causal_topk(st.idx, call, qkv, B, T, C, NH);
             ops::gumbel_attention_forward(out, qkv, st.idx, B, T, C, NH, a.k, a.gumbel_groups, a.gumbel_samples,
                                           a.seed, call.draw_step, layer, call.draw_batch0);
             return;
@@ -295,7 +279,7 @@ inline void attention_layer_backward(const AttnLayerCall& call, float* dqkv, con
                 topk_from_lists(call.scratch.topk, a.k, st.idx, st.K, (size_t)B * NH * T);
                 topk = call.scratch.topk;
             } else {  // exact or kmv forward: find the top-k for the sampler
-                ops::causal_topk(call.scratch.topk, qkv, B, T, C, NH, a.k, a.index, lsh_params(call));
+                causal_topk(call.scratch.topk, call, qkv, B, T, C, NH);
                 topk = call.scratch.topk;
             }
         }

@@ -2,7 +2,7 @@
 //
 // model/ calls every op as `ops::name(...)`; `ops` is the namespace of the
 // backend chosen at compile time. The CPU build (train_gpt_cpu) uses
-// kernels/cpu; the CUDA build will define KNNGPT_CUDA and point `ops` at
+// kernels/cpu; the CUDA build defines KNNGPT_CUDA and points `ops` at
 // kernels/cuda instead, with the same function names and argument order.
 #pragma once
 

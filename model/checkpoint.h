@@ -247,6 +247,7 @@ struct TrainState {
     uint64_t rng_state = 0;       // the trainer's sampling RNG
     uint64_t data_epoch = 0, data_shard_pos = 0, data_batch_pos = 0;
     AttnConfig attn;              // the attention the run trained with
+    std::string attn_note;        // read: why attn differs from what the file names (a retired index), else empty
     std::vector<float> m, v;      // AdamW moments, parameter count each
     bool has_checksum = false;    // read: the file carries checksums (written: always)
     uint64_t model_checksum = 0;  // the parameter checksum of the model file it belongs to
@@ -355,7 +356,14 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.mode = (AttnMode)header[50];
     a.k = header[51];
     a.tail = header[52];
-    a.index = (ops::TopkIndex)header[53];
+    // the index by its id (model/attention_registry.h); a retired one loads as its replacement
+    const TopkIndexInfo* index = find_topk_index(header[53]);
+    if (const RetiredTopkIndex* retired = index ? nullptr : find_retired_topk_index(header[53])) {
+        index = &topk_index_info(retired->replacement);
+        s.attn_note = path + " trained with the top-k index " + retired->name + ", since retired: read as " +
+                      index->name + " (" + retired->why + ")";
+    }
+    if (index) a.index = index->id;
     a.grad = (AttnGrad)header[54];
     a.grad_samples = header[55];
     a.grad_source = (AttnGradSource)header[56];
@@ -366,7 +374,7 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.kmv_threshold = (KmvThreshold)header[62];
     a.kmv_levels = header[63] == 0 ? 1 : header[63];  // 0 in files written before the field
     if (header[64] != 0) std::memcpy(&a.kmv_alpha, header + 64, sizeof(float));  // else [P2]'s 1/3
-    if (header[50] < 0 || header[50] > (int)AttnMode::Kmv || header[53] < 0 || header[53] > (int)ops::TopkIndex::Ivf ||
+    if (!find_attn_mode(header[50]) || !index ||
         header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative ||
         !kmv_width_levels_ok(a.kmv_levels) || !kmv_alpha_ok(a.kmv_alpha))

@@ -1,4 +1,4 @@
-// tests/test_attention_meters.cpp — the attention meters (model/attention_meters.h,
+// tests/test_attention_meters.cpp — the attention meters (tools/attention_meters.h,
 // build/attn_meter): k >= T gives error 0 and mass 1 exactly; the errors and masses
 // agree with a double-precision top-k attention written here; on a trained tiny model
 // the error falls with k and stays under §2.2's bound; assumption A's c of identical
@@ -15,9 +15,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/attention_meters.h"
+#include "tools/attention_meters.h"
 #include "model/checkpoint.h"
-#include "model/qkv_capture.h"
+#include "tools/qkv_capture.h"
 #include "tests/model_test_util.h"
 #include "tests/test_util.h"
 #include "tests/trainer_test_util.h"
@@ -354,10 +354,10 @@ TEST_F(AttnMeterTool, BadInputGivesOneClearLine) {
 TEST_F(AttnMeterTool, EveryFlagIsInHelpAndReadme) {
     RunResult help = run_with_threads(tool + " -h", 1, tmp);
     ASSERT_EQ(help.exit_code, 0);
-    std::string readme = slurp("README.md");
-    ASSERT_FALSE(readme.empty()) << "README.md not found";
-    const size_t section = readme.find("### The attention meters");
-    ASSERT_NE(section, std::string::npos) << "README.md has no section on attn_meter";
+    std::string readme = slurp("tools/README.md");
+    ASSERT_FALSE(readme.empty()) << "tools/README.md not found";
+    const size_t section = readme.find("## The attention meters");
+    ASSERT_NE(section, std::string::npos) << "tools/README.md has no section on attn_meter";
     readme = readme.substr(section, readme.find("\n## ", section + 1) - section);
     for (const char* flag : {"-e", "--text", "-j", "-t", "--windows", "--k", "--modes", "--attn-tail",
                              "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-kmv-threshold", "--kmv-alpha",
@@ -365,6 +365,6 @@ TEST_F(AttnMeterTool, EveryFlagIsInHelpAndReadme) {
                              "--attn-seed", "--c-t", "--random-init", "--init-seed", "--json", "--csv", "-h"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
-        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README's section";
+        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from tools/README.md's section";
     }
 }

@@ -7,6 +7,9 @@
 // conversion would, and the bf16 build's steps are the same bits with copies
 // as without. And it must be used: after the copies, the only operands still
 // converted per call are the four block GEMMs' douts.
+//
+// Also the attention registry (model/attention_registry.h) compiled against this build:
+// an index entry exactly where a row lists the CUDA build, brute's giving the CPU's lists.
 #include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
 #define KNNGPT_CUDA
@@ -21,6 +24,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels/cpu/topk_index.h"
+#include "tests/attention_test_util.h"
 #include "tests/device_array.h"
 #include "tests/model_test_util.h"
 
@@ -219,6 +224,24 @@ CUDA_TEST(CudaModel, MatmulsReadEveryActivationFromItsCopyAndConvertOnlyTheGradi
         EXPECT_EQ(stats.activation_copies, copies ? 2 * inputs_per_pass : 0u);
         EXPECT_EQ(stats.converted, 4 * L + (copies ? 0u : 2 * inputs_per_pass));
     }
+}
+
+// The registry compiled against this build (kernels/cuda): an entry exactly where a row
+// lists the CUDA build, and brute's entry gives the CPU entry's lists.
+TEST(CudaRegistry, EntriesAreThereExactlyWhereTheRowsListTheCudaBuild) {
+    EXPECT_EQ(knngpt::kThisBuild, knngpt::kBuildCuda);
+    for (const knngpt::TopkIndexInfo& row : knngpt::kTopkIndexes)
+        EXPECT_EQ(row.entry != nullptr, (row.builds & knngpt::kBuildCuda) != 0) << row.name;
+    const knngpt_test::AttentionShape s{2, 70, 32, 2};
+    const std::vector<float> qkv = knngpt_test::uniform(s.qkv_size(), 61);
+    const int k = 5;
+    std::vector<int> want(s.idx_size(k));
+    knngpt::cpu::topk_search_brute(want.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, knngpt::LshParams(), nullptr);
+    knngpt_test::DeviceArray<float> d_qkv(qkv);
+    knngpt_test::DeviceArray<int> d_idx(std::vector<int>(s.idx_size(k), -7));
+    knngpt::topk_index_info(knngpt::TopkIndex::Brute)
+        .entry(d_idx.ptr, d_qkv.ptr, s.B, s.T, s.C, s.NH, k, knngpt::LshParams(), nullptr);
+    EXPECT_EQ(d_idx.to_host(), want);
 }
 
 }  // namespace

@@ -167,12 +167,6 @@ TEST_F(CudaTrainer, ExactAttentionMatchesCpuTrainer) { expect_same_run(""); }
 
 TEST_F(CudaTrainer, KnnAttentionMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-seed 3"); }
 
-// --attn-index block: the CPU's pruned exact index against the CUDA brute force, same lists.
-TEST_F(CudaTrainer, KnnBlockIndexMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-index block"); }
-
-// --attn-index int8: the CPU's int8 first pass against the CUDA brute force, same lists.
-TEST_F(CudaTrainer, KnnInt8IndexMatchesCpuTrainer) { expect_same_run(" --attn knn --attn-k 5 --attn-index int8"); }
-
 TEST_F(CudaTrainer, KnnTailAttentionMatchesCpuTrainer) {
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5");
 }
@@ -246,7 +240,7 @@ TEST_F(CudaTrainer, UnsupportedModeIsRefusedInOneLine) {
         {" --attn kmv --attn-tail 4", "not available in the CUDA build"},
         {" --attn kmv --attn-tail 4 --attn-kmv-threshold relative", "not available in the CUDA build"},
         {" --attn knn --attn-index lsh", "not available in the CUDA build"},
-        {" --attn knn --attn-index cluster", "not available in the CUDA build"},
+        {" --attn knn --attn-index cluster", "--attn-index cluster is retired: use --attn-index ivf"},
         {" --attn knn --attn-index heavy", "--attn-index heavy is not available in the CUDA build"},
         {" --attn knn --attn-index ivf", "--attn-index ivf is not available in the CUDA build"},
         {" --attn knn-tail --attn-k 4 --attn-tail 2 --attn-index lsh", "not available in the CUDA build"},

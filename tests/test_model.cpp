@@ -378,8 +378,6 @@ TEST(Model, SetAttentionRefusesInvalidConfigurations) {
     lazy_on_lsh.mode = AttnMode::Knn;
     lazy_on_lsh.grad = AttnGrad::Sampled;  // lazy Gumbel samples from the knn lists
     lazy_on_lsh.index = ops::TopkIndex::Lsh;
-    AttnConfig lazy_on_cluster = lazy_on_lsh;
-    lazy_on_cluster.index = ops::TopkIndex::Cluster;
     AttnConfig lazy_on_heavy = lazy_on_lsh;
     lazy_on_heavy.index = ops::TopkIndex::Heavy;
     AttnConfig lazy_on_ivf = lazy_on_lsh;
@@ -390,7 +388,7 @@ TEST(Model, SetAttentionRefusesInvalidConfigurations) {
     AttnConfig kmv_without_light;
     kmv_without_light.mode = AttnMode::Kmv;
     for (const AttnConfig& bad :
-         {gumbel, lazy_on_lsh, lazy_on_cluster, lazy_on_heavy, lazy_on_ivf, ignored_tail, kmv_without_light}) {
+         {gumbel, lazy_on_lsh, lazy_on_heavy, lazy_on_ivf, ignored_tail, kmv_without_light}) {
         EXPECT_NE(attn_config_problem(bad), AttnProblem::None) << attn_description(bad);
         EXPECT_THROW(gpt_set_attention(model, bad), std::invalid_argument) << attn_description(bad);
     }

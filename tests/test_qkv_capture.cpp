@@ -1,4 +1,4 @@
-// tests/test_qkv_capture.cpp — the q, k, v that model/qkv_capture.h copies out of a
+// tests/test_qkv_capture.cpp — the q, k, v that tools/qkv_capture.h copies out of a
 // model are what its attention layers see: layer 0's against the model's math
 // recomputed here in double (embedding, layernorm, qkv matmul), every layer's against
 // its own attention output through a double-precision causal softmax written here.
@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "model/qkv_capture.h"
+#include "tools/qkv_capture.h"
 #include "tests/model_test_util.h"
 #include "tests/test_util.h"
 

@@ -1,4 +1,4 @@
-// tests/test_topk_index.cpp — the causal top-k indices of kernels/cpu/topk_index.h
+// tests/test_topk_index.cpp — the causal top-k indexes of kernels/cpu/topk_index.h
 // (ALGORITHMS.md §2.1, §6, §9.2).
 //
 // References written here:
@@ -7,9 +7,10 @@
 //   - attention_dot itself for the 8-lane panel routines, bit for bit per lane;
 //   - on small-integer inputs every fp32 score is an exact integer, so there the
 //     reference uses exact double dot products and ties are genuine;
-//   - for cluster and ivf, brute force itself with a budget of every key, causality as
-//     independence from the future keys, and a recall floor on clustered keys; for ivf
-//     also its clusters and each row recomputed from their definitions;
+//   - for the approximate indexes (heavy, ivf), brute force itself with every key a
+//     candidate, causality as independence from the future keys, and a recall floor on
+//     clustered keys; for ivf also its clusters and each row recomputed from their
+//     definitions, and for its 2-means bisection the split of well-separated groups;
 //   - for lsh, the candidate rule re-derived from the hash codes (lsh_codes), and
 //     the hashing itself checked statistically: hyperplane entries standard
 //     Gaussian, and SimHash's bit-collision probability 1 - angle / pi.
@@ -172,22 +173,10 @@ vector<int> run_int8(const vector<float>& qkv, const Shape& s, int k, cpu::TopkS
     cpu::causal_topk_brute_fast<cpu::TopkInt8Pass>(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, stats, kernel);
     return idx;
 }
-vector<int> run_block(const vector<float>& qkv, const Shape& s, int k, int block_size,
-                      cpu::TopkStats* stats = nullptr) {
-    vector<int> idx(s.idx_size(k), -7);
-    cpu::causal_topk_block(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, block_size, stats);
-    return idx;
-}
 vector<int> run_lsh(const vector<float>& qkv, const Shape& s, int k, const cpu::LshParams& p,
                     cpu::TopkStats* stats = nullptr) {
     vector<int> idx(s.idx_size(k), -7);
     cpu::causal_topk_lsh(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
-    return idx;
-}
-vector<int> run_cluster(const vector<float>& qkv, const Shape& s, int k,
-                        const cpu::TopkClusterParams& p = cpu::TopkClusterParams(), cpu::TopkStats* stats = nullptr) {
-    vector<int> idx(s.idx_size(k), -7);
-    cpu::causal_topk_cluster(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, stats);
     return idx;
 }
 vector<int> run_heavy(const vector<float>& qkv, const Shape& s, int k,
@@ -216,43 +205,6 @@ cpu::TopkHeavyParams heavy_params(int prev_queries, int recent) {
     p.recent = recent;
     return p;
 }
-// small blocks and clusters, so that short sequences have several dyadic levels
-cpu::TopkClusterParams small_cluster_params(int budget) {
-    cpu::TopkClusterParams p;
-    p.base = 64;
-    p.cluster_size = 8;
-    p.budget = budget;
-    return p;
-}
-
-struct Partition {
-    vector<int> block_start, keys;
-    int num_blocks() const { return (int)block_start.size() - 1; }
-};
-Partition partition_of(const vector<float>& qkv, const Shape& s, int b, int h, int block_size) {
-    Partition p;
-    cpu::topk_block_partition(p.block_start, p.keys, key_of(qkv, s, b, h, 0), 3 * (size_t)s.C, s.T, s.HS(),
-                              block_size);
-    return p;
-}
-
-// TopkStats.blocks_total by its definition: per searching row i >= k, the blocks
-// holding a key j <= i
-long long expected_blocks_total(const vector<float>& qkv, const Shape& s, int k, int block_size) {
-    long long total = 0;
-    for (int b = 0; b < s.B; b++) {
-        for (int h = 0; h < s.NH; h++) {
-            const Partition p = partition_of(qkv, s, b, h, block_size);
-            for (int i = k; i < s.T; i++)
-                for (int c = 0; c < p.num_blocks(); c++) {
-                    const int* first = p.keys.data() + p.block_start[c];
-                    total += *std::min_element(first, p.keys.data() + p.block_start[c + 1]) <= i;
-                }
-        }
-    }
-    return total;
-}
-
 // brute's score count over searching rows: sum_{i >= k} (i + 1) per (b, h)
 double brute_scores(const Shape& s, int k) {
     return (double)s.B * s.NH * (double)(s.T - k) * (s.T + k + 1) / 2.0;
@@ -440,7 +392,7 @@ TEST(TopkBrute, DuplicateKeysGoToTheSmallerIndex) {
     for (int j = 1; j < s.T; j++)
         for (int c = 0; c < s.C; c++) qkv[(size_t)j * 3 * s.C + s.C + c] = qkv[s.C + c];
     const int k = 4;
-    for (const vector<int>& idx : {run_brute(qkv, s, k), run_block(qkv, s, k, 7), run_block(qkv, s, k, 64)}) {
+    for (const vector<int>& idx : {run_brute(qkv, s, k), run_int8(qkv, s, k), run_brute_reference(qkv, s, k)}) {
         for (int h = 0; h < s.NH; h++)
             for (int i = k; i < s.T; i++)
                 for (int slot = 0; slot < k; slot++)
@@ -453,7 +405,8 @@ TEST(TopkAllIndices, RowsWithAtMostKKeysHoldAllKeysThenMinusOne) {
     const vector<float> qkv = uniform_qkv(s, 21);
     for (int k : {5, 12, 20}) {
         cpu::LshParams p;
-        for (const vector<int>& idx : {run_brute(qkv, s, k), run_block(qkv, s, k, 4), run_lsh(qkv, s, k, p)}) {
+        for (const vector<int>& idx : {run_brute(qkv, s, k), run_int8(qkv, s, k), run_lsh(qkv, s, k, p),
+                                        run_heavy(qkv, s, k, heavy_params(4, 2)), run_ivf(qkv, s, k, small_ivf_params(4))}) {
             for (int b = 0; b < s.B; b++)
                 for (int h = 0; h < s.NH; h++)
                     for (int i = 0; i < std::min(k, s.T); i++)
@@ -477,16 +430,18 @@ TEST(TopkAllIndices, NeverSelectAFutureKey) {
             query_of(qkv, s, 0, 0, j)[s.C + d] = (float)(j + 1) * u[d];
         }
     const int k = 6;
-    for (const vector<int>& idx : {run_brute(qkv, s, k), run_block(qkv, s, k, 16), run_block(qkv, s, k, 5)}) {
+    for (const vector<int>& idx : {run_brute(qkv, s, k), run_int8(qkv, s, k), run_brute_reference(qkv, s, k)}) {
         for (int i = k; i < s.T; i++)
             for (int slot = 0; slot < k; slot++) ASSERT_EQ(idx[(size_t)i * k + slot], i - k + 1 + slot) << "i=" << i;
     }
-    // lsh is approximate: every key it returns must still be causal
+    // the approximate indexes: every key they return must still be causal
     for (int bits : {0, 2, 8}) {
         cpu::LshParams p;
         p.num_bits = bits;
         EXPECT_EQ(count_invalid_rows(run_lsh(qkv, s, k, p), s, k), 0) << "bits=" << bits;
     }
+    EXPECT_EQ(count_invalid_rows(run_heavy(qkv, s, k, heavy_params(16, 4)), s, k), 0);
+    EXPECT_EQ(count_invalid_rows(run_ivf(qkv, s, k, small_ivf_params(8)), s, k), 0);
 }
 
 TEST(TopkBrute, CountsTheCausalScoresOfSearchingRows) {
@@ -871,200 +826,66 @@ TEST(TopkInt8, RescoresAFewTimesKKeysPerRowOnGaussianKeys) {
 }
 
 // ---------------------------------------------------------------------------
-// block
+// 2-means bisection (topk_bisect.h), how ivf cuts its clusters
 
-TEST(TopkBlock, EqualsBruteOnUniformRandomData) {
-    const Shape shapes[] = {{1, 300, 32, 2}, {2, 131, 48, 3}, {1, 64, 64, 1}};
-    for (const Shape& s : shapes) {
-        const vector<float> qkv = uniform_qkv(s, 31 + s.T);
-        for (int k : {1, 4, 32}) {
-            const vector<int> exact = run_brute(qkv, s, k);
-            for (int bs : {1, 7, 16, 64, 100, s.T, s.T + 13})
-                EXPECT_EQ(run_block(qkv, s, k, bs), exact) << "T=" << s.T << " k=" << k << " block_size=" << bs;
-        }
+// Splits `n` rows of `qkv`'s keys (head h) with topk_bisect; returns each row's side (1 for
+// the first part) in the input order, and checks the split is a reordering of its input.
+vector<int> bisect_sides(const vector<float>& qkv, const Shape& s, int h, int n, int min_side, int* first_part) {
+    const int HS = s.HS();
+    vector<float> x((size_t)n * HS), scratch((size_t)n * HS), p;
+    vector<int> pos(n), order;
+    vector<char> side;
+    for (int r = 0; r < n; r++) {
+        std::copy(key_of(qkv, s, 0, h, r), key_of(qkv, s, 0, h, r) + HS, x.begin() + (size_t)r * HS);
+        pos[r] = r;
     }
-}
-
-TEST(TopkBlock, EqualsBruteOnClusteredData) {
-    const Shape s{2, 517, 128, 2};  // HS = 64
-    for (int run_max : {0, 200}) {
-        const vector<float> qkv = clustered_qkv(s, 41 + run_max, 6, 40, run_max);
-        for (int k : {8, 32}) {
-            const vector<int> exact = run_brute(qkv, s, k);
-            for (int bs : {13, 64, 96}) EXPECT_EQ(run_block(qkv, s, k, bs), exact) << "runs up to " << run_max
-                                                                                     << " k=" << k << " block_size=" << bs;
-        }
+    const int mid = cpu::topk_bisect(x.data(), pos.data(), 0, n, HS, min_side, scratch.data(), p, side, order);
+    *first_part = mid;
+    vector<int> sides(n, -1);
+    for (int u = 0; u < n; u++) {
+        EXPECT_EQ(sides[pos[u]], -1) << "row " << pos[u] << " placed twice";
+        sides[pos[u]] = u < mid;
+        EXPECT_EQ(std::memcmp(x.data() + (size_t)u * HS, key_of(qkv, s, 0, h, pos[u]), HS * sizeof(float)), 0)
+            << "row " << pos[u] << " moved without its key";
     }
+    return sides;
 }
 
-TEST(TopkBlock, EqualsBruteWhenScoresTie) {
-    const Shape s{1, 160, 12, 3};  // HS = 4, entries in {-1, 0, 1}
-    const vector<float> qkv = integer_qkv(s, 17, 1);
-    for (int k : {1, 5, 16}) {
-        const vector<int> exact = reference_topk_exact(qkv, s, k);
-        EXPECT_EQ(run_brute(qkv, s, k), exact);
-        for (int bs : {3, 8, 50}) EXPECT_EQ(run_block(qkv, s, k, bs), exact) << "k=" << k << " block_size=" << bs;
-    }
-}
-
-TEST(TopkBlock, EqualsBruteWhenScoresDifferOnlyByRounding) {
-    // Keys a few ulps apart (k_j = base (1 + 2^-e noise)) and tiny blocks: block radii
-    // are at the scale of fp32 rounding, so a bound q.c + ||q|| r taken without the
-    // rounding margin falls below scores it should cover (about a quarter of these
-    // cases fail that way); with the margin block must still equal brute.
-    const Shape s{1, 64, 64, 1};
-    std::normal_distribution<float> normal;
-    for (int trial = 0; trial < 400; trial++) {
-        std::mt19937 gen(trial);
-        const int k = 1 + trial % 3, bs = 1 + trial % 4;
-        const float rel = std::ldexp(1.0f, -(18 + trial % 8));
-        vector<float> qkv(s.qkv_size()), base(s.HS());
-        for (auto& x : base) x = normal(gen);
-        for (int j = 0; j < s.T; j++) {
-            float* q = query_of(qkv, s, 0, 0, j);
-            for (int d = 0; d < s.HS(); d++) {
-                q[d] = normal(gen);
-                q[s.C + d] = base[d] * (1.0f + rel * normal(gen));
-            }
-        }
-        ASSERT_EQ(run_block(qkv, s, k, bs), run_brute(qkv, s, k)) << "trial " << trial;
-    }
-}
-
-TEST(TopkBlock, VisitsAClearlySmallerFractionOfBlocksOnClusteredKeys) {
-    const Shape s{1, 2048, 128, 2};  // HS = 64
-    const int k = 32, bs = 64;
-    const vector<float> clustered = clustered_qkv(s, 77, 8, 128, 512);
-    const vector<float> uniform = uniform_qkv(s, 78);
-    cpu::TopkStats on_clusters, on_uniform;
-    EXPECT_EQ(run_block(clustered, s, k, bs, &on_clusters), run_brute(clustered, s, k));
-    run_block(uniform, s, k, bs, &on_uniform);
-    const double fraction = (double)on_clusters.blocks_visited / (double)on_clusters.blocks_total;
-    const double fraction_uniform = (double)on_uniform.blocks_visited / (double)on_uniform.blocks_total;
-    const double score_fraction = (double)on_clusters.scores_computed / brute_scores(s, k);
-    std::printf("  T=%d block_size=%d k=%d: visited %.3f of the blocks on clustered keys (%.3f of brute's scores), "
-                "%.3f on uniform keys\n",
-                s.T, bs, k, fraction, score_fraction, fraction_uniform);
-    RecordProperty("clustered_block_fraction", std::to_string(fraction));
-    // blocks_total counts each searching row's visible blocks
-    EXPECT_EQ(on_clusters.blocks_total, expected_blocks_total(clustered, s, k, bs));
-    EXPECT_EQ(on_uniform.blocks_total, expected_blocks_total(uniform, s, k, bs));
-    EXPECT_LT(fraction, 0.5);
-    EXPECT_LT(fraction, 0.6 * fraction_uniform);
-}
-
-TEST(TopkBlock, EqualsBruteOnInterleavedClusters) {
-    // every position draws its own component, so clusters interleave along the
-    // sequence; block sizes include 1, non-divisors of T, T itself and sizes above T
-    const Shape s{2, 300, 128, 2};  // HS = 64
-    const vector<float> inputs[] = {clustered_qkv(s, 45, 6, 0, 0), sphere_mixture_qkv(s, 46, 8, 3.0f, 0.3f),
-                                    sphere_mixture_qkv(s, 47, 64, 3.0f, 0.3f)};
-    for (int data = 0; data < 3; data++) {
-        for (int k : {1, 8, 32}) {
-            const vector<int> exact = run_brute(inputs[data], s, k);
-            for (int bs : {1, 7, 16, 64, 100, 299, 300, 512})
-                EXPECT_EQ(run_block(inputs[data], s, k, bs), exact) << "data " << data << " k=" << k
-                                                                    << " block_size=" << bs;
-        }
-    }
-    // short sequences: T below block_size, k near T
-    const Shape short_shape{1, 37, 64, 1};
-    const vector<float> short_qkv = clustered_qkv(short_shape, 48, 3, 0, 0);
-    for (int k : {1, 4, 36, 37})
-        for (int bs : {5, 36, 64})
-            EXPECT_EQ(run_block(short_qkv, short_shape, k, bs), run_brute(short_qkv, short_shape, k))
-                << "T=37 k=" << k << " block_size=" << bs;
-}
-
-TEST(TopkBlock, VisitsASmallFractionOfBlocksOnInterleavedClusters) {
-    // 8 well-separated components, one drawn per position. Blocks of consecutive
-    // positions would each hold all 8 and nothing could be pruned; blocks of similar
-    // keys hold one each. Measured: 0.20 of the blocks, 0.14 of brute's scores.
-    const Shape s{1, 2048, 128, 2};  // HS = 64
-    const int k = 32, bs = 64;
-    const vector<float> qkv = clustered_qkv(s, 79, 8, 0, 0);
-    cpu::TopkStats stats;
-    EXPECT_EQ(run_block(qkv, s, k, bs, &stats), run_brute(qkv, s, k));
-    EXPECT_EQ(stats.blocks_total, expected_blocks_total(qkv, s, k, bs));
-    const double fraction = (double)stats.blocks_visited / (double)stats.blocks_total;
-    const double score_fraction = (double)stats.scores_computed / brute_scores(s, k);
-    // for information: the attention benchmark's inputs (64 centres of norm 3, noise
-    // 0.3 per coordinate, queries from independent centres), where the ball bound is weak
-    const vector<float> bench_like = sphere_mixture_qkv(s, 80, 64, 3.0f, 0.3f);
-    cpu::TopkStats bench_stats;
-    EXPECT_EQ(run_block(bench_like, s, k, bs, &bench_stats), run_brute(bench_like, s, k));
-    std::printf("  T=%d block_size=%d k=%d, interleaved clusters: visited %.3f of the blocks (%.3f of brute's "
-                "scores); benchmark-like inputs: %.3f (%.3f)\n",
-                s.T, bs, k, fraction, score_fraction,
-                (double)bench_stats.blocks_visited / (double)bench_stats.blocks_total,
-                (double)bench_stats.scores_computed / brute_scores(s, k));
-    RecordProperty("interleaved_block_fraction", std::to_string(fraction));
-    EXPECT_LT(fraction, 0.4);
-    EXPECT_LT(score_fraction, 0.3);
-}
-
-TEST(TopkBlockPartition, IsAPartitionIntoAscendingBlocksOfAtMostBlockSizeOrderedByFirstKey) {
-    const Shape s{1, 203, 96, 3};  // HS = 32
-    vector<float> duplicates = uniform_qkv(s, 3);
-    for (int j = 1; j < s.T; j++)
-        for (int c = 0; c < s.C; c++) duplicates[(size_t)j * 3 * s.C + s.C + c] = duplicates[s.C + c];
-    const vector<float> inputs[] = {uniform_qkv(s, 2), clustered_qkv(s, 4, 5, 0, 0), duplicates};
-    for (int data = 0; data < 3; data++) {
-        for (int h = 0; h < s.NH; h++) {
-            for (int bs : {1, 2, 7, 16, 64, 202, 203, 500}) {
-                const Partition p = partition_of(inputs[data], s, 0, h, bs);
-                ASSERT_GE(p.num_blocks(), 1);
-                ASSERT_EQ(p.block_start.front(), 0);
-                ASSERT_EQ(p.block_start.back(), s.T);
-                ASSERT_EQ((int)p.keys.size(), s.T);
-                vector<int> seen(s.T, 0);
-                for (int c = 0; c < p.num_blocks(); c++) {
-                    const int n = p.block_start[c + 1] - p.block_start[c];
-                    ASSERT_GE(n, 1) << "block " << c;
-                    ASSERT_LE(n, bs) << "block " << c;
-                    for (int u = p.block_start[c]; u < p.block_start[c + 1]; u++) {
-                        ASSERT_TRUE(p.keys[u] >= 0 && p.keys[u] < s.T);
-                        seen[p.keys[u]]++;
-                        if (u > p.block_start[c]) {
-                            ASSERT_LT(p.keys[u - 1], p.keys[u]) << "block " << c;
-                        }
-                    }
-                    if (c > 0) {
-                        ASSERT_LT(p.keys[p.block_start[c - 1]], p.keys[p.block_start[c]]);
-                    }
-                }
-                for (int j = 0; j < s.T; j++) ASSERT_EQ(seen[j], 1) << "key " << j;
-                // a pure function of the keys
-                const Partition again = partition_of(inputs[data], s, 0, h, bs);
-                EXPECT_EQ(again.block_start, p.block_start);
-                EXPECT_EQ(again.keys, p.keys);
-            }
-        }
-    }
-}
-
-TEST(TopkBlockPartition, GivesEachWellSeparatedInterleavedClusterItsOwnBlocks) {
-    // 8 components with N(0, 1) means (about 11 apart) and noise 0.3 (keys about 2.4
-    // from their mean), one component per position: every block must be pure, and
-    // the blocks must not fragment (their mean size stays near block_size)
-    const Shape s{1, 2048, 128, 2};  // HS = 64
+TEST(TopkBisect, SeparatesTwoWellSeparatedGroupsExactly) {
+    // two components with N(0, 1) means in HS = 64 (about 11 apart), noise 0.3, one component
+    // per position: the split is the components
+    const Shape s{1, 300, 128, 2};
     vector<int> component_of;
-    const vector<float> qkv = clustered_qkv(s, 83, 8, 0, 0, 0.3f, &component_of);
-    for (int bs : {16, 64, 200}) {
-        for (int h = 0; h < s.NH; h++) {
-            const Partition p = partition_of(qkv, s, 0, h, bs);
-            int mixed = 0;
-            for (int c = 0; c < p.num_blocks(); c++) {
-                const int first = component_of[(size_t)h * s.T + p.keys[p.block_start[c]]];
-                for (int u = p.block_start[c]; u < p.block_start[c + 1]; u++)
-                    if (component_of[(size_t)h * s.T + p.keys[u]] != first) {
-                        mixed++;
-                        break;
-                    }
-            }
-            EXPECT_EQ(mixed, 0) << "h=" << h << " block_size=" << bs;
-            EXPECT_GE((double)s.T / p.num_blocks(), 0.5 * bs) << "h=" << h << " block_size=" << bs;
+    const vector<float> qkv = clustered_qkv(s, 84, 2, 0, 0, 0.3f, &component_of);
+    for (int h = 0; h < s.NH; h++) {
+        int first = 0;
+        const vector<int> sides = bisect_sides(qkv, s, h, s.T, 1, &first);
+        ASSERT_GT(first, 0);
+        ASSERT_LT(first, s.T);
+        for (int r = 1; r < s.T; r++)
+            EXPECT_EQ(sides[r] == sides[0], component_of[(size_t)h * s.T + r] == component_of[(size_t)h * s.T])
+                << "h=" << h << " row " << r;
+    }
+}
+
+TEST(TopkBisect, KeepsAtLeastMinSideKeysOnEachSideAndIsAPureFunctionOfItsInput) {
+    // one tight group and a few far keys: 2-means alone would cut the few off; min_side
+    // moves the keys with the largest projection over to the small side
+    const Shape s{1, 120, 32, 1};
+    vector<float> qkv = clustered_qkv(s, 85, 1, 0, 0, 0.05f);
+    for (int j = 0; j < 3; j++)
+        for (int d = 0; d < s.HS(); d++) key_of(qkv, s, 0, 0, j)[d] += 20.0f;
+    for (int min_side : {1, 10, 30, 60}) {
+        int first = 0;
+        const vector<int> sides = bisect_sides(qkv, s, 0, s.T, min_side, &first);
+        EXPECT_GE(first, min_side) << "min_side " << min_side;
+        EXPECT_GE(s.T - first, min_side) << "min_side " << min_side;
+        if (min_side == 1) {
+            EXPECT_EQ(std::min(first, s.T - first), 3) << "the three far keys are their own side";
         }
+        int again_first = 0;
+        EXPECT_EQ(bisect_sides(qkv, s, 0, s.T, min_side, &again_first), sides);
+        EXPECT_EQ(again_first, first);
     }
 }
 
@@ -1263,7 +1084,7 @@ TEST(TopkLsh, BitsCollideWithProbabilityOneMinusAngleOverPi) {
 }
 
 // ---------------------------------------------------------------------------
-// cluster
+// what the approximate indexes' tests share
 
 // Well-formed causal rows from index(qkv, s, k, budget) (budgets 0, 8, 1000) and from its
 // defaults, on sequences of the given lengths (T = 1..5: k >= T included; and across the
@@ -1289,16 +1110,6 @@ void expect_well_formed_rows_on_edge_shapes(const BudgetIndex& index,
     }
 }
 
-TEST(TopkCluster, ReturnsWellFormedCausalRowsOnEdgeShapes) {
-    // (T <= 64: no complete block before any query, the own block only)
-    expect_well_formed_rows_on_edge_shapes(
-        [](const vector<float>& qkv, const Shape& s, int k, int budget) {
-            return run_cluster(qkv, s, k, small_cluster_params(budget));
-        },
-        [](const vector<float>& qkv, const Shape& s, int k) { return run_cluster(qkv, s, k); },
-        {1, 2, 3, 4, 5, 63, 64, 65, 200, 333}, 130);
-}
-
 // index(qkv, s, k, cluster_size) with a budget of every key equals brute force bit for bit,
 // for each of cluster_sizes (0: the index's default), on uniform, runs of Gaussian, sphere
 // mixture and integer (tied) inputs, T = 700, k = 1, 9, 32.
@@ -1313,17 +1124,6 @@ void expect_every_key_budget_equals_brute(const BudgetIndex& index, std::initial
             for (int cluster_size : cluster_sizes)
                 EXPECT_EQ(index(inputs[u], s, k, cluster_size), exact) << "input " << u << " k=" << k << " cs=" << cluster_size;
         }
-}
-
-TEST(TopkCluster, WithABudgetOfEveryKeyEqualsBruteBitForBit) {
-    expect_every_key_budget_equals_brute(
-        [](const vector<float>& qkv, const Shape& s, int k, int cluster_size) {
-            cpu::TopkClusterParams p = cluster_size > 0 ? small_cluster_params(s.T) : cpu::TopkClusterParams();
-            p.budget = s.T;
-            if (cluster_size > 0) p.cluster_size = cluster_size;  // else the default blocks
-            return run_cluster(qkv, s, k, p);
-        },
-        {1, 8, 32, 0}, 141);
 }
 
 // Rows 0..P of `index`'s lists are unchanged when the keys and queries after P change,
@@ -1346,12 +1146,6 @@ void expect_rows_depend_only_on_their_past(const std::function<vector<int>(const
                 ASSERT_EQ(b[cpu::topk_idx_row(0, h, i, s.T, s.NH, k) + slot], x) << "h=" << h << " i=" << i;
                 ASSERT_EQ(c[cpu::topk_idx_row(0, h, i, cut.T, cut.NH, k) + slot], x) << "h=" << h << " i=" << i;
             }
-}
-
-TEST(TopkCluster, RowsDependOnlyOnTheirPast) {
-    expect_rows_depend_only_on_their_past(
-        [](const vector<float>& qkv, const Shape& s) { return run_cluster(qkv, s, 8, small_cluster_params(24)); }, 151,
-        389);
 }
 
 // The benchmark's clustered inputs (64 centres of norm 3, noise 0.3), T = 4096, k = 32:
@@ -1391,23 +1185,6 @@ void expect_recall_grows_with_the_budget(const BudgetIndex& index, unsigned seed
         last = r;
     }
     EXPECT_GT(last, 0.95);
-}
-
-TEST(TopkCluster, RecallOnClusteredKeysIsAboveAFloor) {
-    expect_recall_on_bench_clusters(
-        "cluster",
-        [](const vector<float>& qkv, const Shape& s, int k, cpu::TopkStats* stats) {
-            return run_cluster(qkv, s, k, cpu::TopkClusterParams(), stats);
-        },
-        161, 0.88, 0.25);
-}
-
-TEST(TopkCluster, RecallGrowsWithTheBudget) {
-    expect_recall_grows_with_the_budget(
-        [](const vector<float>& qkv, const Shape& s, int k, int budget) {
-            return run_cluster(qkv, s, k, small_cluster_params(budget));
-        },
-        171);
 }
 
 // ---------------------------------------------------------------------------
@@ -1821,36 +1598,50 @@ TEST(TopkProbe, ScoredKeysKeepTheTopKOfEveryKeyOffered) {
 // ---------------------------------------------------------------------------
 // dispatch, statistics, threads
 
-TEST(TopkDispatch, RunsTheNamedIndex) {
+TEST(TopkEntries, EachEntryRunsItsIndex) {
     const Shape s{1, 140, 32, 2};
     const vector<float> qkv = clustered_qkv(s, 101, 3, 10, 40);
     const int k = 6;
     cpu::LshParams p;
     p.seed = 5;
     vector<int> idx(s.idx_size(k));
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Brute, p);
+    cpu::topk_search_brute(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, nullptr);
     EXPECT_EQ(idx, run_brute(qkv, s, k));
-    cpu::TopkStats stats;
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Block, p, &stats);
-    EXPECT_EQ(idx, run_block(qkv, s, k, 64));
-    EXPECT_GT(stats.blocks_total, 0);
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Lsh, p);
+    cpu::topk_search_lsh(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, nullptr);
     EXPECT_EQ(idx, run_lsh(qkv, s, k, p));
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Cluster, p);
-    EXPECT_EQ(idx, run_cluster(qkv, s, k));
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Heavy, p);
+    cpu::topk_search_heavy(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, p, nullptr);
     EXPECT_EQ(idx, run_heavy(qkv, s, k));
     // ivf past its first epoch (up to 1024 keys it is brute force): not another index's lists
     const Shape longer{1, 1300, 16, 1};
     const vector<float> mixture = sphere_mixture_qkv(longer, 102, 12, 3.0f, 0.4f);
     vector<int> ivf_idx(longer.idx_size(k));
-    cpu::causal_topk(ivf_idx.data(), mixture.data(), longer.B, longer.T, longer.C, longer.NH, k, cpu::TopkIndex::Ivf, p);
+    cpu::TopkStats stats;
+    cpu::topk_search_ivf(ivf_idx.data(), mixture.data(), longer.B, longer.T, longer.C, longer.NH, k, p, &stats);
     EXPECT_EQ(ivf_idx, run_ivf(mixture, longer, k));
     EXPECT_NE(ivf_idx, run_brute(mixture, longer, k));
-    cpu::TopkStats int8_stats;
-    cpu::causal_topk(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::TopkIndex::Int8, p, &int8_stats);
-    EXPECT_EQ(idx, run_brute(qkv, s, k));
-    EXPECT_GT(int8_stats.scores_rescored, 0);
+    EXPECT_GT(stats.blocks_total, 0);
+}
+
+TEST(TopkEntries, BruteTakesTheInt8PassWhereItPaysWithTheSameLists) {
+    // below kTopkInt8MinKeys the sgemm pass, from there the int8 one where AMX or VNNI has
+    // it: the reference's lists either way; the int8 pass rescores other keys than sgemm's,
+    // which tells the passes apart
+    const int k = 16;
+    for (int T : {cpu::kTopkInt8MinKeys - 1, cpu::kTopkInt8MinKeys + 5}) {
+        const Shape s{1, T, 64, 2};
+        const vector<float> qkv = sphere_mixture_qkv(s, 103, 16, 3.0f, 0.3f);
+        vector<int> idx(s.idx_size(k));
+        cpu::TopkStats entry_stats, sgemm_stats, int8_stats;
+        cpu::topk_search_brute(idx.data(), qkv.data(), s.B, s.T, s.C, s.NH, k, cpu::LshParams(), &entry_stats);
+        EXPECT_EQ(idx, run_brute_reference(qkv, s, k)) << "T=" << T;
+        run_brute_sgemm(qkv, s, k, &sgemm_stats);
+        run_int8(qkv, s, k, &int8_stats);
+        ASSERT_NE(sgemm_stats.scores_rescored, int8_stats.scores_rescored) << "the passes cannot be told apart";
+        const bool int8 = cpu::topk_int8_kernel() != cpu::TopkInt8Kernel::Plain && T >= cpu::kTopkInt8MinKeys;
+        EXPECT_EQ(entry_stats.scores_rescored, int8 ? int8_stats.scores_rescored : sgemm_stats.scores_rescored)
+            << "T=" << T << ": expected the " << (int8 ? "int8" : "sgemm") << " pass";
+    }
+    std::printf("  int8 kernel here: %s\n", cpu::topk_int8_kernel_name(cpu::topk_int8_kernel()));
 }
 
 TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
@@ -1859,22 +1650,20 @@ TEST(TopkAllIndices, ResultsAndStatisticsDoNotDependOnTheThreadCount) {
     const int k = 9;
     cpu::LshParams p;
     const vector<float> interleaved = sphere_mixture_qkv(s, 112, 8, 3.0f, 0.3f);
-    vector<int> results[2][8];
-    cpu::TopkStats stats[2][8];
+    vector<int> results[2][6];
+    cpu::TopkStats stats[2][6];
     const int saved = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
         omp_set_num_threads(t == 0 ? 1 : 3);
         results[t][0] = run_brute_sgemm(qkv, s, k, &stats[t][0]);
-        results[t][1] = run_block(qkv, s, k, 32, &stats[t][1]);
-        results[t][2] = run_lsh(qkv, s, k, p, &stats[t][2]);
-        results[t][3] = run_block(interleaved, s, k, 16, &stats[t][3]);
-        results[t][4] = run_cluster(interleaved, s, k, small_cluster_params(40), &stats[t][4]);
-        results[t][5] = run_int8(interleaved, s, k, &stats[t][5]);
-        results[t][6] = run_heavy(interleaved, s, k, heavy_params(128, 16), &stats[t][6]);
-        results[t][7] = run_ivf(interleaved, s, k, small_ivf_params(40), &stats[t][7]);
+        results[t][1] = run_lsh(qkv, s, k, p, &stats[t][1]);
+        results[t][2] = run_brute_reference(interleaved, s, k, &stats[t][2]);
+        results[t][3] = run_int8(interleaved, s, k, &stats[t][3]);
+        results[t][4] = run_heavy(interleaved, s, k, heavy_params(128, 16), &stats[t][4]);
+        results[t][5] = run_ivf(interleaved, s, k, small_ivf_params(40), &stats[t][5]);
     }
     omp_set_num_threads(saved);
-    for (int m = 0; m < 8; m++) {
+    for (int m = 0; m < 6; m++) {
         EXPECT_EQ(results[0][m], results[1][m]) << "index " << m;
         EXPECT_EQ(stats[0][m].scores_computed, stats[1][m].scores_computed) << "index " << m;
         EXPECT_EQ(stats[0][m].blocks_visited, stats[1][m].blocks_visited) << "index " << m;

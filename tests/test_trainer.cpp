@@ -164,22 +164,24 @@ TEST_F(Trainer, BadInputGivesOneClearLineAndWritesNothing) {
     }
 }
 
-// Every flag appears in -h and in README.md.
+// Every flag appears in -h and in the trainer's README (train/README.md).
 TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
     RunResult help = run(program_path("train_gpt_cpu") + " -h", tmp);
     ASSERT_EQ(help.exit_code, 0);
-    std::string readme = slurp("README.md");
-    ASSERT_FALSE(readme.empty()) << "README.md not found from " << tmp.path;
+    std::string readme = slurp("train/README.md");
+    ASSERT_FALSE(readme.empty()) << "train/README.md not found from " << tmp.path;
     for (const char* flag : {"-i", "-j", "-e", "-o", "-b", "-t", "-d", "-l", "-u", "-k", "-q", "-c", "-x", "-a",
                              "-v", "-m", "-s", "-g", "-n", "-y", "-h", "--shuffle", "--layers", "--heads",
                              "--channels", "--max-seq-len", "--vocab", "--seed", "--attn", "--beta1", "--beta2",
                              "--eps", "--grad-clip", "--tokenizer", "--attn-k", "--attn-tail", "--attn-index",
                              "--attn-grad", "--attn-grad-samples", "--attn-grad-source", "--attn-grad-dv",
                              "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-seed", "--attn-eval",
-                             "--eval-only"}) {
+                             "--attn-warmup", "--attn-kmv-threshold", "--attn-kmv-levels", "--attn-kmv-alpha",
+                             "--eval-only", "--gpt2-vocab", "--prompt", "--prompt-file", "-z", "-pi", "-pn", "-pr",
+                             "-pg", "-ps", "-pp"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
-        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README.md";
+        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from train/README.md";
     }
 }
 
@@ -190,11 +192,11 @@ TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
 TEST_F(Trainer, KnnWithKAtLeastTTrainsLikeExactFor20Steps) {
     RunResult exact = run(base() + " -x 20 --attn exact", tmp);
     RunResult knn = run(base() + " -x 20 --attn knn --attn-k 32", tmp);
-    RunResult knn_block = run(base() + " -x 20 --attn knn --attn-k 40 --attn-index block", tmp);
+    RunResult knn_ivf = run(base() + " -x 20 --attn knn --attn-k 40 --attn-index ivf", tmp);
     ASSERT_EQ(exact.exit_code, 0) << exact.err;
     ASSERT_EQ(knn.exit_code, 0) << knn.err;
-    ASSERT_EQ(knn_block.exit_code, 0) << knn_block.err;
-    auto a = step_losses(exact.out), b = step_losses(knn.out), c = step_losses(knn_block.out);
+    ASSERT_EQ(knn_ivf.exit_code, 0) << knn_ivf.err;
+    auto a = step_losses(exact.out), b = step_losses(knn.out), c = step_losses(knn_ivf.out);
     ASSERT_EQ(a.size(), 20u);
     ASSERT_EQ(b.size(), 20u);
     ASSERT_EQ(c.size(), 20u);
@@ -205,17 +207,32 @@ TEST_F(Trainer, KnnWithKAtLeastTTrainsLikeExactFor20Steps) {
     }
 }
 
-// --attn-index int8 is brute force's search with another first pass: the same lists, so the
-// same training bit for bit (every printed loss equal), and it says which index it ran.
-TEST_F(Trainer, Int8IndexTrainsLikeBruteBitForBit) {
-    RunResult brute = run(base() + " -x 12 --attn knn --attn-k 4", tmp);
-    RunResult int8 = run(base() + " -x 12 --attn knn --attn-k 4 --attn-index int8", tmp);
-    ASSERT_EQ(brute.exit_code, 0) << brute.err;
-    ASSERT_EQ(int8.exit_code, 0) << int8.err;
-    const auto a = step_losses(brute.out), b = step_losses(int8.out);
-    ASSERT_EQ(a.size(), 12u);
-    EXPECT_EQ(a, b);
-    EXPECT_NE(int8.out.find("index int8"), std::string::npos) << int8.out;
+// A retired index stops the run with one line naming its replacement; an experimental
+// choice prints its measured cost (model/attention_registry.h) and trains; a core one
+// prints no such line.
+TEST_F(Trainer, RetiredIndexesNameTheirReplacementAndExperimentalModesSayWhatTheyCost) {
+    for (const auto& [retired, replacement] : {std::pair<std::string, std::string>{"block", "brute"},
+                                               {"cluster", "ivf"}, {"int8", "brute"}}) {
+        std::string out_dir = tmp.file("never");
+        RunResult r = run(base() + " -x 2 -o " + out_dir + " --attn knn --attn-index " + retired, tmp);
+        EXPECT_EQ(r.exit_code, 1) << retired;
+        EXPECT_NE(r.err.find("--attn-index " + retired + " is retired: use --attn-index " + replacement),
+                  std::string::npos)
+            << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_FALSE(exists(out_dir)) << retired;
+    }
+    for (const auto& [flags, line] : {std::pair<std::string, std::string>{"--attn gumbel --attn-grad sampled",
+                                                                          "note: --attn gumbel is experimental: +0.48"},
+                                      {"--attn knn --attn-index lsh", "note: --attn-index lsh is experimental:"},
+                                      {"--attn exact --attn-grad sampled", "note: --attn-grad sampled is experimental:"}}) {
+        RunResult r = run(base() + " -x 2 " + flags, tmp);
+        ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.err;
+        EXPECT_NE(r.out.find(line), std::string::npos) << flags << ": " << r.out;
+    }
+    RunResult core = run(base() + " -x 2 --attn knn-tail --attn-k 4 --attn-tail 4 --attn-index heavy", tmp);
+    ASSERT_EQ(core.exit_code, 0) << core.err;
+    EXPECT_EQ(core.out.find("experimental"), std::string::npos) << core.out;
 }
 
 // Every mode trains (the loss falls) and reports its settings.
@@ -223,7 +240,6 @@ TEST_F(Trainer, EveryAttentionModeTrains) {
     const std::vector<std::pair<std::string, std::string>> modes = {
         {"--attn knn --attn-k 4", "knn k 4 index brute, grad exact"},
         {"--attn knn --attn-k 4 --attn-index lsh", "knn k 4 index lsh"},
-        {"--attn knn --attn-k 4 --attn-index cluster", "knn k 4 index cluster"},
         {"--attn knn --attn-k 4 --attn-index heavy", "knn k 4 index heavy"},
         {"--attn knn --attn-k 4 --attn-index ivf", "knn k 4 index ivf"},
         {"--attn knn-tail --attn-k 4 --attn-tail 4", "knn-tail k 4 index brute tail 4"},
@@ -398,8 +414,7 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
         {"--attn gumbel", "use --attn-grad sampled"},
         {"--attn gumbel --attn-grad sampled --attn-index lsh", "needs an exact top-k index"},
         {"--attn knn --attn-index lsh --attn-grad sampled", "needs an exact top-k index"},
-        {"--attn gumbel --attn-grad sampled --attn-index cluster", "needs an exact top-k index"},
-        {"--attn knn --attn-index cluster --attn-grad sampled", "not cluster"},
+        {"--attn gumbel --attn-grad sampled --attn-index ivf", "needs an exact top-k index"},
         {"--attn knn --attn-index heavy --attn-grad sampled", "not heavy"},
         {"--attn knn --attn-index ivf --attn-grad sampled", "not ivf"},
         {"--attn-grad sampled --attn-grad-samples 0", "--attn-grad-samples must be >= 1"},

@@ -1,13 +1,13 @@
 // tools/attn_meter.cpp — per layer and head, how far the approximate attention
 // modes are from exact attention on a model's own q, k, v, the softmax mass of the
 // top-k set, kmv's heavy keys, and assumption A's constant c of [P2] against T on
-// the model and on a random init of its config (model/attention_meters.h;
+// the model and on a random init of its config (tools/attention_meters.h;
 // ALGORITHMS.md §2.2, §7.7).
 //
 //   build/attn_meter -e MODEL_FILE (--text FILE | -j VAL_TOKENS) [--json FILE] [--csv FILE] [options]
 //
 // The q, k, v of every layer come from the model's forward under exact attention
-// (model/qkv_capture.h) on --windows validation windows of T tokens. Writes JSON
+// (tools/qkv_capture.h) on --windows validation windows of T tokens. Writes JSON
 // and a tidy CSV (one number a line), each to FILE.tmp first and then renamed;
 // progress on stderr; bad input stops with one line and exit status 1.
 #include <cmath>
@@ -22,9 +22,9 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataloader.h"
-#include "model/attention_meters.h"
+#include "tools/attention_meters.h"
 #include "model/checkpoint.h"
-#include "model/qkv_capture.h"
+#include "tools/qkv_capture.h"
 #include "train/flag_values.h"
 
 using namespace knngpt;

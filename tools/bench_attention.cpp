@@ -9,7 +9,7 @@
 //   model/lL:  the q, k, v of layer L of a trained model (--from-checkpoint) on a
 //              window of text (--data), at n = the model's own context T and at each
 //              smaller n of --sizes (the window's first n tokens), with the model's heads
-//              and head size (model/qkv_capture.h).
+//              and head size (tools/qkv_capture.h).
 // For every input, n and k (--k: numbers, or sqrt for round(sqrt(n))) it times each
 // mode's forward and its backward (the backward after the forward it belongs to; one
 // warm-up call, then the median of --reps calls; one call and no warm-up at n >= 8K), and
@@ -67,7 +67,7 @@
 #include "kernels/common/rng.h"
 #include "model/attention.h"
 #include "model/checkpoint.h"
-#include "model/qkv_capture.h"
+#include "tools/qkv_capture.h"
 
 using namespace knngpt;
 
@@ -84,7 +84,7 @@ const char* USAGE =
     "  --max-call-s S        skip a call whose time extrapolated from the previous n as n^2 passes S\n"
     "                        seconds (default 120)\n"
     "  --inputs LIST         clustered, uniform, model (default all; model only with --from-checkpoint)\n"
-    "  --modes LIST          only these modes besides exact (default all)\n"
+    "  --modes LIST          only these modes besides exact (default all; the list follows)\n"
     "  --from-checkpoint F   llm.c model file: benchmark on the q, k, v of each of its layers at n = its context\n"
     "                        and at each smaller n of --sizes (the first n tokens of its window)\n"
     "  --data TEXT           the text the model reads (byte-level), needed with --from-checkpoint\n"
@@ -176,37 +176,29 @@ struct Mode {
     bool k_dependent = true;  // false: the mode ignores k (it runs once per input and n)
 };
 
-AttnConfig attn_config(AttnMode m, ops::TopkIndex index, int k, int tail, AttnGrad grad, int s) {
+AttnConfig attn_config(AttnMode m, TopkIndex index, int k, int tail, AttnGrad grad, int s) {
     AttnConfig c;
     c.mode = m, c.k = k, c.index = index, c.tail = tail, c.grad = grad, c.grad_samples = s, c.seed = 1;
     return c;
 }
 
-// the modes at top-k size k, s gradient samples; exact first
+// the modes at top-k size k, s gradient samples, exact first: knn with every index of the
+// registry (model/attention_registry.h), then each other forward on the exact index, then
+// the sampled gradients after the exact and the knn forward
 std::vector<Mode> all_modes(int k, int s) {
-    auto mode = [&](const char* name, AttnMode m, ops::TopkIndex index, int tail, AttnGrad grad) {
+    const TopkIndex exact_index = TopkIndex::Brute;
+    auto mode = [&](const std::string& name, AttnMode m, TopkIndex index, int tail, AttnGrad grad) {
         return Mode{name, attn_config(m, index, k, tail, grad, s), true};
     };
-    using I = ops::TopkIndex;
-    std::vector<Mode> modes = {
-        mode("exact", AttnMode::Exact, I::Brute, 0, AttnGrad::Exact),
-        mode("knn/brute", AttnMode::Knn, I::Brute, 0, AttnGrad::Exact),
-        mode("knn/block", AttnMode::Knn, I::Block, 0, AttnGrad::Exact),
-        mode("knn/lsh", AttnMode::Knn, I::Lsh, 0, AttnGrad::Exact),
-        mode("knn/cluster", AttnMode::Knn, I::Cluster, 0, AttnGrad::Exact),
-        mode("knn/int8", AttnMode::Knn, I::Int8, 0, AttnGrad::Exact),
-        mode("knn/heavy", AttnMode::Knn, I::Heavy, 0, AttnGrad::Exact),
-        mode("knn/ivf", AttnMode::Knn, I::Ivf, 0, AttnGrad::Exact),
-        mode("knn-tail/block", AttnMode::KnnTail, I::Block, k, AttnGrad::Exact),
-        mode("gumbel/block", AttnMode::Gumbel, I::Block, 0, AttnGrad::Sampled),
-        mode("gumbel/brute", AttnMode::Gumbel, I::Brute, 0, AttnGrad::Sampled),
-        mode("gumbel/int8", AttnMode::Gumbel, I::Int8, 0, AttnGrad::Sampled),
-        mode("kmv", AttnMode::Kmv, I::Brute, k, AttnGrad::Exact),
-        mode("exact+sampled-grad", AttnMode::Exact, I::Brute, 0, AttnGrad::Sampled),
-        mode("knn/block+sampled-grad", AttnMode::Knn, I::Block, 0, AttnGrad::Sampled),
-        mode("knn/brute+sampled-grad", AttnMode::Knn, I::Brute, 0, AttnGrad::Sampled),
-        mode("knn/int8+sampled-grad", AttnMode::Knn, I::Int8, 0, AttnGrad::Sampled),
-    };
+    std::vector<Mode> modes = {mode("exact", AttnMode::Exact, exact_index, 0, AttnGrad::Exact)};
+    for (const TopkIndexInfo& index : kTopkIndexes)
+        if (in_this_build(index.builds))
+            modes.push_back(mode(std::string("knn/") + index.name, AttnMode::Knn, index.id, 0, AttnGrad::Exact));
+    modes.push_back(mode("knn-tail", AttnMode::KnnTail, exact_index, k, AttnGrad::Exact));
+    modes.push_back(mode("gumbel", AttnMode::Gumbel, exact_index, 0, AttnGrad::Sampled));
+    modes.push_back(mode("kmv", AttnMode::Kmv, exact_index, k, AttnGrad::Exact));
+    modes.push_back(mode("exact+sampled-grad", AttnMode::Exact, exact_index, 0, AttnGrad::Sampled));
+    modes.push_back(mode("knn+sampled-grad", AttnMode::Knn, exact_index, 0, AttnGrad::Sampled));
     // exact, and the exact-row samples: no top-k
     for (Mode& m : modes) m.k_dependent = m.name != "exact" && m.name != "exact+sampled-grad";
     return modes;
@@ -321,10 +313,10 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const Reference& ref, i
 }
 
 // scores a knn index computes per query (TopkStats), from one untimed search
-double index_scores_per_query(const Inputs& in, int k, ops::TopkIndex index) {
+double index_scores_per_query(const Inputs& in, int k, TopkIndex index) {
     std::vector<int> idx((size_t)in.NH * in.T * k);
     ops::TopkStats stats;
-    ops::causal_topk(idx.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k, index, ops::LshParams(), &stats);
+    topk_index_info(index).entry(idx.data(), in.qkv.data(), 1, in.T, in.C, in.NH, k, LshParams(), &stats);
     return (double)stats.scores_computed / ((double)in.NH * in.T);
 }
 
@@ -415,7 +407,7 @@ void paper_forward_experiment() {
     std::vector<float> exact_out((size_t)n * in.C), knn_out((size_t)n * in.C), lse((size_t)NH * n);
     double exact_ms = time_ms([&] { ops::attention_forward(exact_out.data(), lse.data(), in.qkv.data(), 1, n, in.C, NH); }, 1);
     AttnConfig c;
-    c.mode = AttnMode::Knn, c.k = 3, c.index = ops::TopkIndex::Brute;
+    c.mode = AttnMode::Knn, c.k = 3, c.index = TopkIndex::Brute;
     std::vector<int> idx((size_t)NH * n * 3), topk(idx.size());
     std::vector<float> logw(idx.size());
     const AttnLayerCall call{c, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
@@ -515,7 +507,7 @@ std::vector<float> paper_estimator_dq_dv(const GradProblem& p, const std::vector
                                          uint64_t seed) {
     const int N = p.N;
     AttnConfig knn3;
-    knn3.mode = AttnMode::Knn, knn3.k = 3, knn3.index = ops::TopkIndex::Brute;
+    knn3.mode = AttnMode::Knn, knn3.k = 3, knn3.index = TopkIndex::Brute;
     std::vector<int> idx((size_t)N * 3), topk(idx.size());
     std::vector<float> logw(idx.size()), out((size_t)N * 3), lse(N), dqkv(p.qkv.size(), 0.0f);
     const AttnLayerCall call{knn3, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), 3}, AttnScratch{topk.data()}};
@@ -567,15 +559,15 @@ void paper_gradient_experiment(int steps, int s) {
     const GradProblem p = make_grad_problem(N, 10000);
     // exact, then knn forwards (each index, k = 3, 8, 32 and sqrt(N)) with their
     // exact-through-selection backward, and brute k = sqrt(N) with sampled gradients
-    using I = ops::TopkIndex;
     const int sq = (int)std::lround(std::sqrt((double)N));
-    std::vector<Mode> methods = {{"exact fwd + exact bwd", attn_config(AttnMode::Exact, I::Brute, 1, 0, AttnGrad::Exact, s)}};
+    std::vector<Mode> methods = {
+        {"exact fwd + exact bwd", attn_config(AttnMode::Exact, TopkIndex::Brute, 1, 0, AttnGrad::Exact, s)}};
     for (int k : {3, 8, 32, sq})
-        for (I index : {I::Brute, I::Int8, I::Cluster, I::Lsh})
-            methods.push_back({std::string("knn/") + attn_index_name(index) + " k=" + std::to_string(k) + " + exact bwd",
-                               attn_config(AttnMode::Knn, index, k, 0, AttnGrad::Exact, s)});
+        for (const TopkIndexInfo& index : kTopkIndexes)
+            methods.push_back({std::string("knn/") + index.name + " k=" + std::to_string(k) + " + exact bwd",
+                               attn_config(AttnMode::Knn, index.id, k, 0, AttnGrad::Exact, s)});
     methods.push_back({"knn/brute k=" + std::to_string(sq) + " + sampled s=" + std::to_string(s),
-                       attn_config(AttnMode::Knn, I::Brute, sq, 0, AttnGrad::Sampled, s)});
+                       attn_config(AttnMode::Knn, TopkIndex::Brute, sq, 0, AttnGrad::Sampled, s)});
     // the exact gradient at the start, and the paper's estimator's error there
     GradWorkspace ws;
     const GradStep exact0 = grad_step(methods[0].cfg, p, p.qkv, ws, 0);
@@ -655,7 +647,13 @@ int main(int argc, char** argv) {
             if (i + 1 >= argc) die(a + " needs a value");
             return argv[++i];
         };
-        if (a == "-h" || a == "--help") { fputs(USAGE, stdout); return 0; }
+        if (a == "-h" || a == "--help") {
+            fputs(USAGE, stdout);
+            std::string names;
+            for (const Mode& m : all_modes(1, 1)) names += (names.empty() ? "" : ",") + m.name;
+            printf("modes: %s\n", names.c_str());
+            return 0;
+        }
         else if (a == "--sizes") sizes = parse_ints(a, value(), 2);
         else if (a == "--hs") head_sizes = parse_ints(a, value(), 1);
         else if (a == "--heads") heads = (int)parse_long(a, value(), 1);

@@ -34,6 +34,111 @@ struct AttnFlags {
     int warmup = 0;                      // --attn-warmup: exact attention for the first steps
 };
 
+// ---- --help -----------------------------------------------------------------------
+
+// `text` wrapped to lines of at most `width` characters, the first after `lead` (padded
+// to the help column), the others indented to that column.
+inline std::string help_entry(const std::string& lead, const std::string& text, size_t width = 100) {
+    const size_t column = 19;
+    std::string out = lead.size() + 1 <= column ? lead + std::string(column - lead.size(), ' ') : lead + " ";
+    size_t line_start = 0;
+    std::string word;
+    auto add = [&](const std::string& w) {
+        if (out.size() - line_start + w.size() + 1 > width && out.size() - line_start > column) {
+            out += "\n" + std::string(column, ' ');
+            line_start = out.size() - column;
+        } else if (out.size() - line_start > column && out.back() != ' ') {
+            out += ' ';
+        }
+        out += w;
+    };
+    // " = " binds its two sides: "n = 16K" never breaks across lines
+    std::string glued;
+    for (size_t i = 0; i < text.size(); i++) glued += text.compare(i, 3, " = ") == 0 ? (i += 2, "\x01=\x01") : std::string(1, text[i]);
+    for (char c : glued) {
+        if (c == ' ') {
+            if (!word.empty()) add(word);
+            word.clear();
+        } else {
+            word += c;
+        }
+    }
+    if (!word.empty()) add(word);
+    for (char& c : out)
+        if (c == '\x01') c = ' ';
+    return out + "\n";
+}
+
+// The attention flags' part of --help: the core flags, or the "Experimental" block. The
+// modes, gradients and indexes, and what each is measured to cost, come from the registry.
+inline std::string attention_help(bool experimental) {
+    std::string s;
+    const auto tier = experimental ? Tier::Experimental : Tier::Core;
+    if (!experimental) {
+        s += "Attention (core: each wins somewhere measured; the experimental ones are listed at the end)\n";
+        s += help_entry("  --attn MODE", "the attention of the forward (default exact):");
+        for (const AttnModeInfo& m : kAttnModes)
+            if (m.tier == tier) s += help_entry(std::string("    ") + m.name, m.help);
+        s += help_entry("  --attn-k K", "nearest keys per query of every mode with a top-k set (kmv: its heavy-key "
+                                        "budget) (default 16)");
+        s += help_entry("  --attn-tail M", "tail samples per query of knn-tail (kmv: light samples) (default 0)");
+        s += help_entry("  --attn-index I", "the top-k search (default brute):");
+        for (const TopkIndexInfo& i : kTopkIndexes)
+            if (i.tier == tier) s += help_entry(std::string("    ") + i.name, i.help);
+        s += help_entry("  --attn-warmup N", "exact attention (forward and gradient) for the first N steps, then the "
+                                             "--attn settings (default 0); validations and samples always run the "
+                                             "--attn settings");
+        s += help_entry("  --attn-seed N", "seed of every attention random draw (Philox; default 0)");
+        s += help_entry("  --attn-eval LIST", "also report the validation loss under other attention settings, a "
+                                              "comma-separated list of MODE[:k=K][:m=M][:index=I] (e.g. "
+                                              "exact,knn:k=8,knn-tail:k=8:m=8)");
+        return s;
+    }
+    s += "Experimental (defined by the seed papers, but losing to exact attention today; each prints its\n"
+         "measured cost when chosen)\n";
+    for (const AttnModeInfo& m : kAttnModes)
+        if (m.tier == tier) s += help_entry(std::string("  --attn ") + m.name, std::string(m.help) + ". " + m.verdict);
+    for (const TopkIndexInfo& i : kTopkIndexes)
+        if (i.tier == tier)
+            s += help_entry(std::string("  --attn-index ") + i.name, std::string(i.help) + ". " + i.verdict);
+    for (const AttnGradInfo& g : kAttnGrads)
+        if (g.tier == tier)
+            s += help_entry(std::string("  --attn-grad ") + g.name,
+                            std::string(g.help) + ", instead of exact (the default). " + g.verdict);
+    s += help_entry("  --attn-grad-samples S", "samples per query for --attn-grad sampled (default 16)");
+    s += help_entry("  --attn-grad-source SRC", "where gradient samples come from: auto (lazy Gumbel on the top-k "
+                                                "set when the forward has one, else the exact row), exact-row, "
+                                                "lazy-gumbel (default auto)");
+    s += help_entry("  --attn-grad-dv V", "rowwise (default) or signed: the signed-start one-pass dV estimator");
+    s += help_entry("  --attn-gumbel-groups R", "median-of-means groups for gumbel (default 3)");
+    s += help_entry("  --attn-gumbel-samples N", "samples per group for gumbel (default 8)");
+    s += help_entry("  --attn-kmv-threshold TH", "which keys kmv counts as heavy: absolute (K_ij >= n^-alpha, the "
+                                                 "paper's; default) or relative (K_ij >= n^-alpha times the largest "
+                                                 "kernel value among the row's candidates)");
+    s += help_entry("  --attn-kmv-levels N", "kmv's LSH bucket widths w, 2w, ..., 2^(N-1) w; each row reads the "
+                                             "narrowest with at least 2k candidates (1..8; default 1: the paper's "
+                                             "one width w)");
+    s += help_entry("  --attn-kmv-alpha A", "kmv's heavy exponent: heavy iff K_ij >= n^-A (times the row's largest "
+                                            "candidate's with the relative threshold); also sets the width w "
+                                            "(0 < A <= 4; default 1/3, the paper's)");
+    return s;
+}
+
+// One line per experimental choice of a configuration: what it is measured to cost.
+inline std::vector<std::string> experimental_notes(const AttnConfig& a) {
+    std::vector<std::string> notes;
+    const AttnModeInfo& mode = attn_mode_info(a.mode);
+    if (mode.tier == Tier::Experimental)
+        notes.push_back(std::string("--attn ") + mode.name + " is experimental: " + mode.verdict);
+    const TopkIndexInfo& index = topk_index_info(a.index);
+    if (a.uses_topk_index() && index.tier == Tier::Experimental)
+        notes.push_back(std::string("--attn-index ") + index.name + " is experimental: " + index.verdict);
+    const AttnGradInfo& grad = attn_grad_info(a.grad);
+    if (grad.tier == Tier::Experimental)
+        notes.push_back(std::string("--attn-grad ") + grad.name + " is experimental: " + grad.verdict);
+    return notes;
+}
+
 // The attention a training step runs: exact (forward and gradient, same draw seed)
 // during the first `warmup` steps, then the configured one. Dense-then-sparse is
 // how DeepSeek's sparse attention is trained; the steps are counted from 0, so a
@@ -45,28 +150,23 @@ inline AttnConfig attn_for_step(const AttnConfig& configured, int warmup, int st
     return dense;
 }
 
+// The names the registry (model/attention_registry.h) knows; a retired index's name stops
+// with one line naming the index that replaces it.
 inline AttnMode parse_attn_mode(const std::string& name) {
-    if (name == "exact") return AttnMode::Exact;
-    if (name == "knn") return AttnMode::Knn;
-    if (name == "knn-tail") return AttnMode::KnnTail;
-    if (name == "gumbel") return AttnMode::Gumbel;
-    if (name == "kmv") return AttnMode::Kmv;
-    throw std::runtime_error("--attn: unknown attention mode '" + name + "' (known: exact, knn, knn-tail, gumbel, kmv)");
+    if (const AttnModeInfo* row = find_attn_mode(name)) return row->id;
+    throw std::runtime_error("--attn: unknown attention mode '" + name + "' (known: " + registry_names(kAttnModes) + ")");
 }
-inline ops::TopkIndex parse_attn_index(const std::string& name) {
-    if (name == "brute") return ops::TopkIndex::Brute;
-    if (name == "block") return ops::TopkIndex::Block;
-    if (name == "lsh") return ops::TopkIndex::Lsh;
-    if (name == "cluster") return ops::TopkIndex::Cluster;
-    if (name == "int8") return ops::TopkIndex::Int8;
-    if (name == "heavy") return ops::TopkIndex::Heavy;
-    if (name == "ivf") return ops::TopkIndex::Ivf;
-    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: brute, block, lsh, cluster, int8, heavy, ivf)");
+inline TopkIndex parse_attn_index(const std::string& name) {
+    if (const TopkIndexInfo* row = find_topk_index(name)) return row->id;
+    if (const RetiredTopkIndex* retired = find_retired_topk_index(name))
+        throw std::runtime_error("--attn-index " + name + " is retired: use --attn-index " +
+                                 attn_index_name(retired->replacement) + " (" + retired->why + ")");
+    throw std::runtime_error("--attn-index: unknown index '" + name + "' (known: " + registry_names(kTopkIndexes) + ")");
 }
 inline AttnGrad parse_attn_grad(const std::string& name) {
-    if (name == "exact") return AttnGrad::Exact;
-    if (name == "sampled") return AttnGrad::Sampled;
-    throw std::runtime_error("--attn-grad: unknown gradient mode '" + name + "' (known: exact, sampled)");
+    if (const AttnGradInfo* row = find_attn_grad(name)) return row->id;
+    throw std::runtime_error("--attn-grad: unknown gradient mode '" + name + "' (known: " + registry_names(kAttnGrads) +
+                             ")");
 }
 inline AttnGradSource parse_attn_grad_source(const std::string& name) {
     if (name == "auto") return AttnGradSource::Auto;
@@ -90,7 +190,8 @@ inline bool parse_attn_grad_dv(const std::string& name) {
 // line naming the flag.
 inline void check_attn_config(const AttnConfig& a) {
     const AttnCapabilities can = ops::attention_capabilities();
-    const std::string missing = std::string(" is not available in ") + can.build + " yet (train_gpt_cpu has it)";
+    const std::string missing = std::string(" is not available in ") + can.build + " yet (" +
+                                build_name(kThisBuild == kBuildCpu ? kBuildCuda : kBuildCpu) + " has it)";
     switch (attn_config_problem(a)) {
         case AttnProblem::None: return;
         case AttnProblem::KBelowOne: throw std::runtime_error("--attn-k must be >= 1, got " + std::to_string(a.k));
@@ -120,13 +221,12 @@ inline void check_attn_config(const AttnConfig& a) {
         case AttnProblem::GumbelCountsBelowOne:
             throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
         case AttnProblem::LazyGumbelNeedsExactIndex:
-            throw std::runtime_error(std::string("lazy Gumbel sampling needs an exact top-k index (--attn-index brute, "
-                                                 "block or int8), not ") +
-                                     attn_index_name(a.index));
+            throw std::runtime_error("lazy Gumbel sampling needs an exact top-k index (--attn-index " +
+                                     exact_topk_index_names() + "), not " + attn_index_name(a.index));
         case AttnProblem::GumbelWithoutSampledGrad:
             throw std::runtime_error(
                 "--attn gumbel has no exact gradient (its samples are discrete): use --attn-grad sampled");
-        case AttnProblem::KmvNotInBuild: throw std::runtime_error("--attn kmv" + missing);
+        case AttnProblem::ModeNotInBuild: throw std::runtime_error(std::string("--attn ") + attn_mode_name(a.mode) + missing);
         case AttnProblem::IndexNotInBuild:
             throw std::runtime_error(std::string("--attn-index ") + attn_index_name(a.index) + missing);
         case AttnProblem::TooManyGumbelGroups:

@@ -90,7 +90,7 @@ struct Options {
 #define KNNGPT_PROGRAM "train_gpt_cpu"
 #endif
 
-static const char* USAGE = "usage: " KNNGPT_PROGRAM R"( [options]
+static const char* USAGE_DATA_AND_MODEL = "usage: " KNNGPT_PROGRAM R"( [options]
 
 Data
   -i PATTERN       train token shards, a file or glob (default data/tinyshakespeare_train.bin)
@@ -106,41 +106,9 @@ Model
   --max-seq-len N  max context (default: T, or 1024 with -e dN)
   --vocab N        vocabulary size (default 256 byte-level, or 50257 with -e dN)
   --seed N         seed of the initialisation and of sampling (default 1337)
-Attention
-  --attn MODE      exact (default), knn (top-k), knn-tail (top-k + up-weighted uniform tail),
-                   gumbel (lazy Gumbel samples, median of means), kmv (heavy keys by LSH +
-                   sampled light part)
-  --attn-k K       nearest keys per query for knn, knn-tail, gumbel; heavy-key budget for kmv (default 16)
-  --attn-tail M    tail samples per query (knn-tail) or light samples (kmv) (default 0)
-  --attn-index I   top-k search: brute (exact), block (exact, pruned by block bounds), lsh (approximate),
-                   cluster (approximate: clustered causal blocks probed up to a budget of keys),
-                   int8 (exact, identical to brute: int8 first pass, AMX or AVX-512 VNNI),
-                   heavy (approximate: the keys the previous 256 queries selected, the 64 most recent and
-                   an exact probe every 256 queries),
-                   ivf (approximate: the keys in about sqrt(i) clusters, cut at i = 1024, 2048, .. from
-                   the keys before; a query scores whole clusters in centroid order up to max(128, 4k)
-                   keys, then its own block's <= 64 keys)
-                   (default brute)
-  --attn-grad G    exact (the gradient of what the forward computed; default) or sampled (the
-                   randomised estimators of the exact-attention gradient)
-  --attn-grad-samples S   samples per query for --attn-grad sampled (default 16)
-  --attn-grad-source SRC  where gradient samples come from: auto (lazy Gumbel on the top-k set when the
-                   forward has one, else the exact row), exact-row, lazy-gumbel (default auto)
-  --attn-grad-dv V rowwise (default) or signed: the signed-start one-pass dV estimator
-  --attn-gumbel-groups R  median-of-means groups for gumbel (default 3)
-  --attn-gumbel-samples N samples per group for gumbel (default 8)
-  --attn-kmv-threshold TH which keys kmv counts as heavy: absolute (K_ij >= n^-alpha, the paper's; default)
-                   or relative (K_ij >= n^-alpha times the largest kernel value among the row's candidates)
-  --attn-kmv-levels N     kmv's LSH bucket widths w, 2w, ..., 2^(N-1) w; each row reads the narrowest with at least
-                   2k candidates (1..8; default 1: the paper's one width w)
-  --attn-kmv-alpha A      kmv's heavy exponent: heavy iff K_ij >= n^-A (times the row's largest candidate's
-                   with the relative threshold); also sets the width w (0 < A <= 4; default 1/3, the paper's)
-  --attn-seed N    seed of every attention random draw (Philox; default 0)
-  --attn-warmup N  exact attention (forward and gradient) for the first N steps, then the --attn
-                   settings (default 0); validations and samples always run the --attn settings
-  --attn-eval LIST also report the validation loss under other attention settings, a comma-separated
-                   list of MODE[:k=K][:m=M][:index=I] (e.g. exact,knn:k=8,knn-tail:k=8:m=8)
-Optimisation
+)";
+
+static const char* USAGE_TRAINING = R"(Optimisation
   -b B             micro-batch size in sequences, per process (default 12)
   -t T             sequence length (default 64)
   -d TOKENS        total batch size in tokens, over all processes; gradients accumulate over
@@ -193,8 +161,14 @@ Several processes (data parallel; start them with mpirun or srun, README "Severa
   -pg G            GPUs per node, with -pi fs|tcp: local rank = R % G (default $SLURM_NTASKS_PER_NODE or 8)
   -ps HOST[:PORT]  rank 0's address for -pi tcp (port default 29500)
   -pp DIR          the shared directory for -pi fs
-Threads: set OMP_NUM_THREADS (per process).
 )";
+
+// --help: the flags in groups, the core attention flags after the model's and the
+// experimental ones last (train/attention_flags.h writes both from the registry)
+static std::string usage() {
+    return USAGE_DATA_AND_MODEL + attention_help(false) + USAGE_TRAINING + attention_help(true) +
+           "Threads: set OMP_NUM_THREADS (per process).\n";
+}
 
 // ----------------------------------------------------------------------------
 // Errors, in one process or many. Each stops the run with one line on stderr and
@@ -339,7 +313,7 @@ static Options parse_args(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
         if (flag == "-h" || flag == "--help") {
-            fputs(USAGE, stdout);
+            fputs(usage().c_str(), stdout);
             exit(0);
         }
         auto it = flags.find(flag);
@@ -624,12 +598,14 @@ static int run(const Options& o) {
         sample_rng.state = st.rng_state;
         train_loader->restore({st.data_epoch, st.data_shard_pos, st.data_batch_pos});
         start_step = st.step;
+        if (!st.attn_note.empty()) printf("note: %s\n", st.attn_note.c_str());
         if (attn_description(st.attn) != attn_description(attn))
             printf("note: the checkpoint trained with attention '%s'; continuing with '%s'\n",
                    attn_description(st.attn).c_str(), attn_description(attn).c_str());
     }
 
     agree_on_setup(nullptr);
+    for (const std::string& note : experimental_notes(attn)) printf("note: %s\n", note.c_str());
 
     // ---- header
     auto row = [](const char* key, const std::string& value) { printf("| %-13s | %-58s |\n", key, value.c_str()); };

@@ -6,9 +6,12 @@
 //   AttnMode, AttnGrad  the forward estimator and the backward (--attn, --attn-grad)
 //   TopkIndex         which causal top-k search selects the keys (ALGORITHMS.md §6)
 //   LshParams         hyperplane LSH index: tables, bits, Philox site
+//   TopkStats         counters of a top-k search
+//   TopkSearchFn      the signature of every top-k search entry
 //   KmvParams         the heavy/light split of kernel matrix-vector products (§7)
 //   GradSampleSource  where the sampled backward draws its keys (§5)
-//   AttnCapabilities  what a backend's attention kernels cover
+//   AttnCapabilities  the limits of a backend's attention kernels
+// Which mode and index each build has, and what each is called, is model/attention_registry.h.
 #pragma once
 #include <cstdint>
 
@@ -17,7 +20,9 @@ namespace knngpt {
 enum class AttnMode { Exact, Knn, KnnTail, Gumbel, Kmv };
 enum class AttnGrad { Exact, Sampled };
 
-enum class TopkIndex { Brute, Block, Lsh, Cluster, Int8, Heavy, Ivf };  // numbered as stored in checkpoints
+// The value is the id a checkpoint stores; the ids between (1, 3, 4) belonged to indexes
+// since retired, which model/attention_registry.h maps to their replacements.
+enum class TopkIndex { Brute = 0, Lsh = 2, Heavy = 5, Ivf = 6 };
 
 struct LshParams {
     int num_bits = 8;    // hyperplanes per table, 0..16 (2^num_bits buckets)
@@ -26,6 +31,20 @@ struct LshParams {
     uint32_t step = 0;
     int layer = 0;
 };
+
+// Counters of a top-k search, accumulated with +=, over the rows that search (i + 1 > k);
+// the CUDA search keeps none.
+struct TopkStats {
+    long long scores_computed = 0;  // query-key scores evaluated (brute: i + 1 a row; others: their candidates)
+    long long scores_rescored = 0;  // brute: candidates scored again with attention_dot after its fast pass
+    long long blocks_total = 0;     // ivf: clusters holding a key before the row's query block, summed over rows
+    long long blocks_visited = 0;   // ivf: those of them the row scored
+};
+
+// A top-k search: idx (B, NH, T, k) from qkv (B, T, 3C), k >= 1; lsh names the draws of a
+// randomised index; stats may be null.
+using TopkSearchFn = void (*)(int* idx, const float* qkv, int B, int T, int C, int NH, int k, const LshParams& lsh,
+                              TopkStats* stats);
 
 // Which kernel entries count as heavy (ALGORITHMS.md §7.4): Absolute is [P2]'s
 // K_ij >= n_i^-alpha; Relative (ours) is K_ij >= n_i^-alpha times the largest
@@ -58,15 +77,12 @@ struct KmvParams {
 
 enum class GradSampleSource { ExactRow, LazyGumbel };
 
-// What a backend's attention kernels cover (ops::attention_capabilities()); the
-// trainer checks a run's settings against it before anything starts. Every mode,
-// gradient and dV estimator not named here has kernels in every backend.
+// The limits of a backend's attention kernels (ops::attention_capabilities()), which the
+// trainer checks a run's settings against before anything starts; which modes and indexes
+// a build has at all is model/attention_registry.h.
 struct AttnCapabilities {
     const char* build = "";           // the build, as messages name it
-    bool kmv = true;                  // the kmv forward
-    unsigned topk_indexes = ~0u;      // bit (int)TopkIndex: this build has that top-k index
     int max_gumbel_groups = 1 << 30;  // median-of-means groups of the gumbel forward
-    bool has_index(TopkIndex i) const { return (topk_indexes >> (int)i) & 1u; }
 };
 
 }  // namespace knngpt

@@ -72,7 +72,8 @@ inline void refresh_activation_copy(const float*, size_t) {}
 // Peak FLOP/s the MFU figure is measured against; 0: unknown, no MFU printed.
 inline double device_peak_flops() { return 0.0; }
 
-// Every attention mode, index and gradient has a CPU kernel.
+// The limits of this build's attention kernels: none (model/attention_registry.h says
+// which modes and indexes it has).
 inline AttnCapabilities attention_capabilities() { return AttnCapabilities{"train_gpt_cpu"}; }
 
 // Waits for the device's queued work (timing); the CPU's ops are synchronous.

@@ -5,52 +5,23 @@
 //
 // Shapes: qkv (B, T, 3C) as in attention.h (q = channels [0, C), k = [C, 2C), head h at
 // h*HS.., HS = C / NH); idx (B, NH, T, k) as in topk_select.h. O(T^2 HS) per head, never
-// a T x T buffer. Two implementations, the same lists bit for bit:
+// a T x T buffer; nothing is saved for a backward. CUDA twin: causal_topk_brute in
+// kernels/cuda/topk_index.cuh, the same lists bit for bit.
 //
-// causal_topk_brute_reference — the definition, literally: per (b, h) and block of
-// kTopkQueryBlock queries, every causal score with attention_dot (the 8-lane key panels
-// of topk_panel.h, four queries at a time) into a per-thread (block, T) scratch, then a
-// selector per row.
+// causal_topk_brute_reference is the definition, literally: every causal score with
+// attention_dot (the key panels of topk_panel.h), a selector per row. The design decision
+// is causal_topk_brute_fast<Pass>, the same lists at sgemm speed: a first pass gives fast
+// scores f_ij with |f_ij - s_ij| <= Delta_i against the exact s_ij = attention_dot(q_i, k_j)
+// (sgemm, TopkSgemmPass; or int8, topk_int8.h); only the keys with f_ij >= f_k - 2 Delta_i,
+// f_k the row's k-th largest f, are rescored with attention_dot, and S_i is their top k.
+// The k keys of largest f all have s >= f_k - Delta, so every key of S_i does too, and its
+// f >= s - Delta >= f_k - 2 Delta: S_i is among the candidates (§6, `brute`). A row whose
+// norms could overflow fp32 rescores every key. causal_topk_brute runs the sgemm pass, or
+// the reference where OpenBLAS has only SSE kernels (topk_brute_sgemm_pays).
 //
-// causal_topk_brute_sgemm — the same lists at sgemm speed. Per (b, h) and block of
-// kTopkBruteQueryBlock queries:
-//   fast     f_ij = q_i . k_j for the block's rows against keys 0..(its last query), in
-//            tiles of kTopkKeyTile keys: one cblas_sgemm each (OpenBLAS's summation order),
-//            which the rows consume while it is in cache;
-//   bound    |f_ij - s_ij| <= Delta_i for every causal j, s_ij = attention_dot(q_i, k_j):
-//            both are fp32 sums of the HS products, each within gamma_HS sum_d |q_d k_d| of
-//            the real dot (any order, with or without fma; gamma_n = n u / (1 - n u),
-//            u = 2^-24), and sum_d |q_d k_d| <= ||q_i|| ||k_j|| (Cauchy-Schwarz), so
-//            Delta_i = 2 gamma_HS ||q_i|| max_{j<=i} ||k_j|| plus an underflow term, in
-//            double with upward slack (topk_brute_margin);
-//   cut      f_k = the k-th largest f_ij over j <= i; the candidates are the keys j <= i
-//            with f_ij >= t_i, an fp32 value <= f_k - 2 Delta_i. Over the tiles a row keeps
-//            the keys reaching the threshold of its k-th best so far (a lower one, so a
-//            superset), pruned now and then (TopkBruteRow); at the end exactly these;
-//   rescore  the candidates with attention_dot (attention_scores' side-by-side chains with
-//            tau = 1), and the top k of them by (score desc, j asc)
-//            (topk_select_in_key_order; TopkSelector where the bound does not apply).
-// The search is causal_topk_brute_fast<Pass>: the fast scores and their bound come from
-// the pass, sgemm here (TopkSgemmPass), or int8 dot products of quantised queries and keys
-// (topk_int8.h, index `int8`); the rows, the cut and the rescoring are the same code.
-// Why that is the reference's list: the k keys of largest f all have s >= f - Delta >=
-// f_k - Delta, so the k-th largest s is >= f_k - Delta; a key of S_i scores at least the
-// k-th largest s, so its f >= s - Delta >= f_k - 2 Delta >= t_i: every key of S_i is a
-// candidate, and S_i, the top k of all keys under a total order, is the top k of any
-// superset of itself. The scores compared are attention_dot's, so ties fall as in the
-// reference. A row whose norms could overflow fp32 (or are not finite) rescores all its
-// keys. The candidates are the k best plus the keys whose fast score lies within 2 Delta of
-// f_k (counted in TopkStats::scores_rescored); rows with i + 1 <= k take all keys.
-//
-// causal_topk_brute runs the sgemm search, or the reference where OpenBLAS has only its
-// SSE kernels, which are slower than the panels (topk_brute_sgemm_pays).
-//
-// The assumptions: OpenBLAS's sgemm computes each entry as an fp32 sum of fp32 products or
-// fmas (its kernels do; none uses a lower precision), and the process keeps IEEE gradual
+// Assumed: OpenBLAS's sgemm computes each entry as an fp32 sum of fp32 products or fmas
+// (none of its kernels uses a lower precision), and the process keeps IEEE gradual
 // underflow for inputs (no denormals-are-zero; flushed results are covered).
-//
-// This is the definition the other indexes are held to: block equals it bit for bit, and
-// the CUDA kernel (kernels/cuda/topk_index.cuh) gives the same lists.
 #pragma once
 
 #include <cblas.h>
@@ -151,11 +122,14 @@ inline float topk_round_down(double x) {
 }
 
 // Delta for a row with ||q|| <= qn and every causal ||k_j|| <= kn, and whether the row may
-// use the fast scores at all. The bound is 2 gamma_HS qn kn (both dots' rounding) plus, where
-// products or partial sums are subnormal, at most 2^-126 of absolute error per operation
-// (even with results flushed to zero), below 4 HS 2^-126 for the two dots once carried
-// through the later operations: 2^-100 covers it with room to spare for HS <= 2^20. The double arithmetic here and in topk_brute_threshold rounds a few times by
-// at most 2^-53 relative, below 2^-51 qn kn in all (|f_k| <= qn kn (1 + gamma_HS)); the
+// use the fast scores at all. The sgemm score f and attention_dot's s are both fp32 sums of
+// the HS products, each within gamma_HS sum_d |q_d k_d| <= gamma_HS qn kn of the real dot
+// (any order, with or without fma; gamma_n = n u / (1 - n u), u = 2^-24; Cauchy-Schwarz).
+// So the bound is 2 gamma_HS qn kn (both dots' rounding) plus, where products or partial
+// sums are subnormal, at most 2^-126 of absolute error per operation (even with results
+// flushed to zero), below 4 HS 2^-126 for the two dots once carried through the later
+// operations: 2^-100 covers it with room to spare for HS <= 2^20. The double arithmetic
+// here and in topk_brute_threshold rounds a few times by at most 2^-53 relative, below 2^-51 qn kn in all (|f_k| <= qn kn (1 + gamma_HS)); the
 // 2^-20 of slack adds at least 2^-43 qn kn to Delta, which covers it. A row whose qn kn
 // could overflow fp32 in either sum, or is not finite, rescores all keys (fast_ok false).
 struct TopkBruteMargin {
@@ -207,7 +181,7 @@ inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k, int max_st
         const int32_t mid = (int32_t)(lo + ((int64_t)hi - lo + 1) / 2);
         int count = 0;
 #if KNNGPT_TOPK_KEEP_AVX512
-        // 16 keys a compare into a mask (a horizontal sum per step was most of a step's time)
+        // 16 keys a compare into a mask, counted by popcount (no horizontal sum of a vector)
         const __m512i m = _mm512_set1_epi32(mid);
         int u = 0;
         for (; u + 16 <= n; u += 16)
@@ -234,8 +208,8 @@ inline int32_t topk_kth_largest_key(const int32_t* key, int n, int k, int max_st
 // `above` and those below to `below` (vectorised: a compare and a compress per 16 keys;
 // scratch of n + 16 each), then keeps the side that holds the k-th, or returns the pivot.
 // About 2n keys read in all and one unpredictable branch a round, against the 20 to 32
-// passes over all n of the bisection (the exact search's final selections: 7 % less time
-// at n = 16K, k = 32; for the 8 steps of a prune before the last the bisection is cheaper).
+// passes over all n of the bisection (which stays the cheaper one for the 8 steps of a
+// prune before the last).
 // Each round drops at least the pivot, so it ends.
 inline int32_t topk_kth_largest_select(const int32_t* key, int n, int k, int32_t* above, int32_t* below) {
     const int32_t* in = key;  // the keys in play; a round's writes to a buffer never pass its reads

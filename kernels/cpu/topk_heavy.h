@@ -1,31 +1,19 @@
 // kernels/cpu/topk_heavy.h — the approximate causal top-k whose candidates are the keys
 // the previous queries selected and the most recent keys (ALGORITHMS.md §6.3; tie rule
-// of §2.1).
+// of §2.1). Per (b, h), the queries go in blocks of 64 (kTopkQueryBlock), i0 = 0, 64, ..:
 //
-//   blocks      queries in blocks of 64 (kTopkQueryBlock), i0 = 0, 64, 128, .. in order
-//   candidates  of the block i0..i1-1: the keys in the lists of the previous prev_queries
-//               queries (rows i0 - prev_queries .. i0 - 1, already written), every key of
-//               recent = [i0 - R, i1), R = max(recent, k), and in every probe_every-th block
-//               the best probe_width k causal keys of its first row, by brute force: the
-//               heavy hitters of the recent past, what is too new to have been selected, and
-//               a way back for older keys when the queries change (say, a new topic)
-//   S_i         the k best causal candidates (j <= i) by (attention_dot desc, j asc):
-//               brute's score and ranking over the candidates (the probed row: over every
-//               causal key, its exact list)
+//   candidates  of block i0..i1-1: the keys in the lists of rows i0 - prev_queries .. i0 - 1
+//               (already written), every key of [i0 - R, i1), R = max(recent, k), and in
+//               every probe_every-th block the best probe_width k causal keys of its first
+//               row by brute force (a way back for older keys when the queries change)
+//   S_i         the k best causal candidates (j <= i) by (attention_dot desc, j asc)
 //
-// On a trained model's attention the queries of a block share most of their top keys (at
-// n = 16K the exact top 32 of 64 consecutive queries hold ~134 distinct keys, not 2048),
-// and the next block's top keys are mostly among them: README, `bench_attention`. On
-// inputs without that locality (queries in random order) the candidates cover less.
-// Row i depends on q_i, keys 0..i, q_i0 (a probe) and the lists of the rows before its
-// block, which depend only on their own past: causal, and independent of T and of the batch. With R >= T every
-// key is a candidate and the lists equal brute force bit for bit. One thread per (b, h),
-// its blocks in order (each block reads the lists before it); results and statistics do
-// not depend on the thread count. Cost per block: packing its candidates (about
-// prev_queries k / 8 distinct keys on trained attention, plus R + 64), per row the scores
-// of its causal candidates and one selection over them, and a probe's i0 scores:
-// O(T (c + R + T / (64 probe_every)) HS) per head for c candidates a block, against
-// brute's O(T^2 HS): a probe every 4 blocks is 1/256 of brute's scores.
+// Shapes as in topk_brute.h; nothing is saved for a backward. No CUDA twin: a head's
+// blocks run in order, each reading the lists before it (one thread per (b, h), so results
+// and statistics do not depend on the thread count). The design decision: no build and no
+// bound, only the assumption that nearby queries share their top keys, as on a trained
+// model's attention (where it holds and where not, and the cost: §6.3). The index is
+// causal and independent of T and of the batch; with R >= T it is brute force bit for bit.
 #pragma once
 
 #include <algorithm>

@@ -1,37 +1,22 @@
-// kernels/cpu/topk_int8.h — the exact causal top-k with an int8 first pass, index `int8`
-// (ALGORITHMS.md §6.2): brute force's lists bit for bit, its fast scores integer dot
-// products of quantised queries and keys instead of sgemm's fp32 ones.
+// kernels/cpu/topk_int8.h — brute's int8 first pass (ALGORITHMS.md §6.2): the fast scores
+// of causal_topk_brute_fast (topk_brute.h) as integer dot products of quantised queries
+// and keys instead of sgemm's fp32 ones; the lists stay brute force's, bit for bit.
 //
 //   keys     one scale per head, s_k = max |k_jd| / 127 over its finite entries, and
 //            k^_jd = round(k_jd / s_k) in [-127, 127]
 //   queries  one scale per row, s_q = max_d |q_d| / 127, q^_d = round(q_d / s_q)
 //   fast     f_ij = sum_d q^_d k^_jd: an exact integer, |f| <= 127^2 HS < 2^24 (HS <= 1040),
 //            so exact as a float too
-//   bound    e_q = q - s_q q^, e_k = k - s_k k^ (norms taken in double, rounded up):
-//              q . k - s_q s_k f = e_q . k + s_q q^ . e_k,
-//            and s = attention_dot(q, k) lies within gamma_HS ||q|| ||k|| of q . k, so
-//              |s / (s_q s_k) - f| <= (||e_q|| K + ||s_q q^|| E + gamma_HS ||q|| K) / (s_q s_k),
-//            K = max_{j<=i} ||k_j||, E = max_{j<=i} ||e_k_j||: Delta_i in f's units.
-// That is the contract of causal_topk_brute_fast's first pass (topk_brute.h), whose rows,
-// threshold and exact rescoring of the candidates are used unchanged: the keys within
-// 2 Delta_i of the row's k-th best fast score are rescored with attention_dot, so the
-// lists are the reference's. Rows whose bound does not apply (non-finite or overflowing
-// norms) rescore every key, as there.
+//   bound    |s_ij / (s_q s_k) - f_ij| <= (||e_q|| K + ||s_q q^|| E + gamma_HS ||q|| K) / (s_q s_k),
+//            e_q = q - s_q q^, e_k = k - s_k k^, K = max_{j<=i} ||k_j||, E = max_{j<=i} ||e_k_j||
+//            (norms in double, rounded up; the derivation: §6.2): Delta_i in f's units
 //
-// Layout: a head's keys as unsigned bytes k^ + 128 in chunks of 16 keys,
-//   (chunks, HSP / 4, 16, 4): chunk c, group g, lane l, byte b = key 16c + l, dim 4g + b
-// (HSP = HS rounded up to 4, or to 64 for the AMX tiles; padding dims and keys are k^ = 0,
-// byte 128); a query as HSP / 4 groups of 4 signed bytes. sum_d (k^_jd + 128) q^_d = f_ij + 128 sum_d q^_d, so the
-// row's offset 128 sum_d q^_d is subtracted once per score. With AMX (Sapphire Rapids and
-// later, where Linux grants the tiles) one tdpbsud computes a 16 x 16 block of scores over 64
-// dimensions; with AVX-512 VNNI one vpdpbusd adds 4 dimensions of 16 keys (64 products);
-// other builds run a plain loop. All are exact integer sums: every CPU computes the same
-// fast scores.
-//
-// Cost per row i: i HS byte products (a quarter of the fp32 pass's instructions at the
-// same width) plus brute's per-score threshold test and the rescoring of about k keys
-// (more where the quantisation error is large against the gaps between scores: counted
-// in TopkStats::scores_rescored).
+// Shapes as in topk_brute.h; nothing is saved for a backward. No CUDA twin: the CUDA brute
+// (kernels/cuda/topk_index.cuh) scores in fp32 and gives the same lists. The design
+// decision: the fast scores are exact integers, so AMX tiles, AVX-512 VNNI and the plain
+// loop (topk_int8_kernel) compute the same values on every CPU, and brute's rows,
+// threshold and rescoring are used unchanged. The brute index takes this pass where it
+// pays (topk_int8_pays).
 #pragma once
 
 #include <algorithm>
@@ -64,6 +49,14 @@
 
 namespace knngpt::cpu {
 
+// Layout: a head's keys as unsigned bytes k^ + 128 in chunks of 16 keys,
+//   (chunks, HSP / 4, 16, 4): chunk c, group g, lane l, byte b = key 16c + l, dim 4g + b
+// (HSP = HS rounded up to 4, or to 64 for the AMX tiles; padding dims and keys are k^ = 0,
+// byte 128); a query as HSP / 4 groups of 4 signed bytes. sum_d (k^_jd + 128) q^_d =
+// f_ij + 128 sum_d q^_d, so the row's offset 128 sum_d q^_d is subtracted once per score.
+// With AMX (where Linux grants the tiles) one tdpbsud computes a 16 x 16 block of scores
+// over 64 dimensions; with AVX-512 VNNI one vpdpbusd adds 4 dimensions of 16 keys (64
+// products); other builds run a plain loop.
 constexpr int kTopkInt8Lanes = 16;    // keys per chunk
 constexpr int kTopkInt8MaxHS = 1040;  // 127^2 HSP < 2^24: fast scores exact as floats
 
@@ -176,7 +169,8 @@ inline void topk_int8_tile(float* out, size_t ld, const int32_t* q32, size_t q_l
 // Which instructions compute the fast scores: AMX tiles (a 16 x 16 block of scores per
 // instruction group), AVX-512 VNNI, or the plain loop. The best the build and the process
 // have, unless KNNGPT_INT8_KERNEL=amx|vnni|plain asks for another the build has (benchmarks
-// compare them; every choice gives the same integers).
+// compare them; every choice gives the same integers; plain also turns brute's int8 pass
+// off, topk_int8_pays).
 enum class TopkInt8Kernel { Plain, Vnni, Amx };
 
 // whether Linux lets this process use the AMX tile registers: asked once
@@ -448,15 +442,17 @@ struct TopkInt8Pass {
     };
 };
 
-// The exact causal top-k with the int8 first pass: causal_topk_brute_reference's lists.
-// Where neither AMX nor VNNI is at hand the plain loop is slower than sgemm (about 10x at
-// n = 16K), so there it is the brute search (the same lists), unless KNNGPT_INT8_KERNEL=plain.
+// The exact causal top-k with the int8 first pass and the chosen kernel:
+// causal_topk_brute_reference's lists.
 inline void causal_topk_int8(int* idx, const float* qkv, int B, int T, int C, int NH, int k,
                              TopkStats* stats = nullptr) {
-    const char* env = std::getenv("KNNGPT_INT8_KERNEL");
-    if (topk_int8_kernel() == TopkInt8Kernel::Plain && !(env && std::string(env) == "plain"))
-        return causal_topk_brute(idx, qkv, B, T, C, NH, k, stats);
     causal_topk_brute_fast<TopkInt8Pass>(idx, qkv, B, T, C, NH, k, stats);
 }
+
+// Whether brute's search takes the int8 first pass for sequences of T keys: where AMX or
+// AVX-512 VNNI computes it and T >= kTopkInt8MinKeys. Below that threshold, and with the
+// plain loop at any T, the sgemm pass is as fast or faster (bench_attention).
+constexpr int kTopkInt8MinKeys = 2048;
+inline bool topk_int8_pays(int T) { return topk_int8_kernel() != TopkInt8Kernel::Plain && T >= kTopkInt8MinKeys; }
 
 }  // namespace knngpt::cpu

@@ -1,41 +1,27 @@
 // kernels/cpu/topk_ivf.h — the approximate causal top-k of an inverted file whose clusters
-// are refined as the keys arrive (ALGORITHMS.md §6.4; tie rule of §2.1).
+// are refined as the keys arrive (ALGORITHMS.md §6.4; tie rule of §2.1). Per (b, h):
 //
-//   epochs   rows i < S_1 = first_epoch score every causal key (brute force; a sequence of
-//            T <= S_1 is causal_topk_brute's, the same lists); epoch e >= 1 holds the rows
-//            S_e <= i < S_{e+1} = 2 S_e
-//   clusters per (b, h), made at each epoch start S_e from the keys 0..S_e - 1 alone: first one
-//            cluster of the keys before S_1; at every S_e a cluster holding more than
-//            1.5 sqrt(S_e) keys (cluster_size) is cut by 2-means bisection (topk_bisect,
-//            topk_block.h) until no piece does, and every cluster's centroid becomes the mean
-//            of its keys j < S_e. The keys S_e..S_{e+1} - 1 then join the nearest centroid
-//            (the largest k . c - ||c||^2 / 2, the first on ties)
-//   epoch e  its clusters, each with its keys j < S_{e+1}, ascending, packed in 8-lane panels,
-//            and its centroid
-//   probe    a query block i0..i1 - 1 (64 rows, all in one epoch): q . c for every cluster (one
-//            sgemm per four blocks); each row scores whole clusters' keys j < i0 in decreasing order of q . c
-//            (ties to the earlier cluster) until `budget` of them are scored (at least k keys in
-//            all), then its own block's keys i0..i
+//   epochs   rows i < S_1 = first_epoch score every causal key (brute force); epoch e >= 1
+//            holds the rows S_e <= i < S_{e+1} = 2 S_e
+//   clusters at each S_e, from the keys 0..S_e - 1 alone (one cluster before S_1): a cluster
+//            holding more than cluster_size (1.5 sqrt(S_e)) of them is cut by 2-means
+//            bisection (topk_bisect.h) until no piece does, and each centroid becomes the
+//            mean of its keys j < S_e; the keys S_e..S_{e+1} - 1 then join the nearest
+//            centroid (the largest k . c - ||c||^2 / 2, the first on ties)
+//   probe    query block i0..i1 - 1 (64 rows, one epoch): q . c for every cluster (sgemm);
+//            each row scores whole clusters' keys j < i0 in decreasing q . c (ties to the
+//            earlier cluster) until `budget` are scored (at least k keys in all), then its
+//            own block's keys i0..i
 //   S_i      the k best scored keys by (attention_dot desc, j asc)
 //
-// Row i's list depends on q_i and keys 0..i only: its epoch's clusters and centroids on keys
-// below S_e <= i, a later key's cluster on the key and those centroids, and the row reads keys
-// j <= i. So the index is causal and does not depend on T or the batch. With a budget >= T
-// every key j < i0 is scored and the lists equal brute force bit for bit (the same
-// attention_dot through the same panels, the same ranking). Unlike cluster (topk_cluster.h),
-// whose query sees the clusters of up to log2(i / 256) dyadic blocks (about i / 18
-// centroids), a query here sees one set of clusters covering its whole prefix: about
-// sqrt(S_e) of them (a cut keeps at least a quarter of the cut size on each side), each
-// cut only from its own keys and never merged, so that what the first epochs separate
-// stays separate. Cost per row: the centroids (in sgemm), about the budget in scored keys
-// and at most 64 own keys; per head and epoch, the bisections of the clusters that outgrew
-// the cut and one sgemm of the epoch's keys against the centroids. Deterministic: fixed
-// orders, one thread per head for the build and per group of query blocks for the probe,
-// so the lists and statistics do not depend on the thread count (the centroid scores come
-// from sgemm, so they may differ between machines, as cluster's; and a row's independence
-// of T assumes, as cluster's does, that an sgemm entry does not depend on how many rows the
-// call has, which OpenBLAS's kernels give). Memory: each epoch packs every key before its
-// end, about 2 T HS floats a head in all, kept until the probe is done.
+// Shapes as in topk_brute.h; nothing is saved for a backward. No CUDA twin. The design
+// decision: clusters are only ever cut, each from its own keys, never merged, so what the
+// first epochs separate stays separate. Row i's list depends on q_i and keys 0..i only:
+// causal, independent of T and of the batch; with budget >= T it is brute force bit for
+// bit. Lists and statistics do not depend on the thread count; the centroid scores come
+// from sgemm, so they may differ between machines, and a row's independence of T assumes
+// that an sgemm entry does not depend on the call's row count (true of OpenBLAS's
+// kernels). Cost: §6.4.
 #pragma once
 
 #include <cblas.h>
@@ -45,7 +31,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "kernels/cpu/topk_block.h"
+#include "kernels/cpu/topk_bisect.h"
 #include "kernels/cpu/topk_panel.h"
 #include "kernels/cpu/topk_probe.h"
 #include "kernels/cpu/topk_select.h"
@@ -65,7 +51,8 @@ struct TopkIvfParams {
 };
 
 // the most keys before S a cluster of the epoch starting at S holds (clusters of about
-// sqrt(S) keys: about sqrt(S) of them, each a few budgets' worth)
+// sqrt(S) keys: about sqrt(S) of them, each a few budgets' worth; a cut keeps at least a
+// quarter of this on each side)
 inline int topk_ivf_cluster_size(const TopkIvfParams& p, int S) {
     return p.cluster_size > 0 ? p.cluster_size : std::max(16, (int)std::lround(1.5 * std::sqrt((double)S)));
 }
@@ -74,7 +61,8 @@ inline int topk_ivf_budget(const TopkIvfParams& p, int k) {
     return p.budget >= 0 ? p.budget : std::max(p.budget_min, p.budget_per_k * k);
 }
 
-// one epoch's clusters, each with its keys below `end`
+// one epoch's clusters, each with its keys below `end`. Each epoch packs every key before
+// its end: about 2 T HS floats a head over all epochs, kept until the probe is done.
 struct TopkIvfEpoch {
     int start = 0, end = 0;        // its rows [start, end)
     int num_clusters = 0;

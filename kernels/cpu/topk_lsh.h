@@ -18,6 +18,7 @@
 // stored as fp32; the projections a . x are fp32 sums. Candidates are scored through the
 // key panel (the chunks of 8 keys holding them, topk_panel.h), with brute's score.
 // OpenMP over (b, h); each row in a fixed order, so results and statistics are deterministic.
+// Nothing is saved for a backward; no CUDA twin.
 #pragma once
 
 #include <algorithm>

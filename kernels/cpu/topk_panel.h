@@ -14,9 +14,10 @@
 // g++) compiles them under target("avx,fma") and uses them where the CPU has both, else
 // the loop; other builds use the loop. The routines differ only in how many chains they keep in
 // flight, never in a lane's operations, so every score is attention_dot's bit for bit in
-// every build and on every CPU (padded lanes score 0). That is what makes the block index
-// equal the brute force and the CPU lists equal the CUDA kernel's;
-// tests/test_topk_index.cpp checks both backends for HS = 1..130.
+// every build and on every CPU (padded lanes score 0). That is what makes an index that
+// scores every key equal the brute force and the CPU lists equal the CUDA kernel's
+// (kernels/cuda/topk_index.cuh); tests/test_topk_index.cpp checks both backends for
+// HS = 1..130.
 #pragma once
 
 #include <cmath>
@@ -60,7 +61,7 @@ inline void topk_pack_chunks(float* panel, int n, int HS, KeyOf key_of) {
             const int u = c * kTopkLanes + l;
             key[l] = u < n ? key_of(u) : zeros.data();
         }
-        // the chunk in the order it is stored (strided writes were most of a pack's time)
+        // the chunk in the order it is stored: contiguous writes, strided reads
         for (int d = 0; d < HS; d++)
             for (int l = 0; l < kTopkLanes; l++) chunk[d * kTopkLanes + l] = key[l][d];
     }

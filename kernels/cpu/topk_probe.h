@@ -1,11 +1,9 @@
-// kernels/cpu/topk_probe.h — what the two inverted-file indexes (cluster, topk_cluster.h;
-// ivf, topk_ivf.h) share: the clusters of a row in centroid order, and the row's scored
-// keys that may still be among its k best (ALGORITHMS.md §6.1, §6.4; tie rule of §2.1).
+// kernels/cpu/topk_probe.h — the probe helpers of the ivf index (topk_ivf.h,
+// ALGORITHMS.md §6.4; tie rule of §2.1): clusters popped in centroid-score order, and a
+// row's scored keys that may still be among its k best.
 //
-//   rounds  topk_next_clusters: one pass over a row's centroid scores cs[0..nc) collects
-//           the next (at most) G clusters in the order (cs desc, cluster asc) after the
-//           last one of the round before, among those a filter keeps; a probe scores
-//           round after round until its budget is spent
+//   order   topk_first_largest / topk_pop_best: the clusters in the order (score desc,
+//           cluster asc), one at a time, from their scores' order keys
 //   keys    TopkScoredKeys: the keys a row scores are appended, branch-free, when their
 //           score reaches the k-th best of the kept keys at the last settle (-inf before
 //           there are k); settle() takes that k-th best by quickselect and drops the keys
@@ -22,33 +20,6 @@
 #include "kernels/cpu/topk_brute.h"
 
 namespace knngpt::cpu {
-
-constexpr int kTopkClusterRound = 16;  // clusters a row collects per pass over its centroids
-
-// The next clusters of a probe, see above: the (at most G) best clusters c below
-// (after_score, after_cluster) in the order (cs desc, c asc) with keep(c), into
-// top_score[0..n) and top_cluster[0..n) in that order; returns n. after_score = +inf,
-// after_cluster = -1 for the first round.
-template <class Keep>
-inline int topk_next_clusters(float* top_score, int* top_cluster, int G, const float* cs, int nc, float after_score,
-                              int after_cluster, Keep keep) {
-    int n_top = 0;
-    for (int c = 0; c < nc; c++) {
-        const float v = cs[c];
-        // clusters ascend, so an equal score never displaces an earlier one
-        if (n_top == G && !(v > top_score[n_top - 1])) continue;
-        if (!(v < after_score || (v == after_score && c > after_cluster))) continue;
-        if (!keep(c)) continue;
-        int u = n_top < G ? n_top++ : n_top - 1;
-        for (; u > 0 && v > top_score[u - 1]; u--) {
-            top_score[u] = top_score[u - 1];
-            top_cluster[u] = top_cluster[u - 1];
-        }
-        top_score[u] = v;
-        top_cluster[u] = c;
-    }
-    return n_top;
-}
 
 // The first u with v[u] the largest of v[0..n), n >= 1: two vectorised passes (0 where
 // the largest is a NaN).

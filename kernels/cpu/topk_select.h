@@ -8,15 +8,10 @@
 //           of the current best k; once it is full a key enters iff it ranks above the root.
 //   rows    idx (B, NH, T, k), row (b, h, i) at topk_idx_row: its keys ascending; a row with
 //           i + 1 <= k causal keys holds 0..i, then -1 (topk_write_all_keys)
-//   blocks  the OpenMP work items of brute and block: kTopkQueryBlock consecutive queries
-//           of one (b, h), the last block first (it sees the most keys; topk_query_rows)
-//   stats   TopkStats, accumulated with +=, only over the rows that search (i + 1 > k):
-//             scores_computed  query-key scores evaluated (brute: i + 1 per row; block: the
-//                              keys j <= i of the visited blocks; lsh: the candidates)
-//             scores_rescored  brute only: the candidates scored again with attention_dot
-//                              after its sgemm pass (about k + a few per row; topk_brute.h)
-//             blocks_total     blocks holding a key j <= i, summed over rows (block index only)
-//             blocks_visited   those of them whose keys j <= i were scored (block index only)
+//   blocks  the OpenMP work items: kTopkQueryBlock consecutive queries of one (b, h), the
+//           last block first (it sees the most keys; topk_query_rows)
+//   stats   TopkStats (kernels/common/attention_params.h), accumulated with +=, only over
+//           the rows that search (i + 1 > k)
 #pragma once
 
 #include <algorithm>
@@ -25,17 +20,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/common/attention_params.h"
 #include "kernels/cpu/topk_panel.h"
 
 namespace knngpt::cpu {
 
-// counters of the search, see the header comment
-struct TopkStats {
-    long long scores_computed = 0;
-    long long scores_rescored = 0;
-    long long blocks_visited = 0;
-    long long blocks_total = 0;
-};
+using knngpt::TopkStats;
 
 constexpr int kTopkQueryBlock = 64;  // queries per OpenMP work item
 
@@ -164,7 +154,7 @@ inline void topk_check_shapes(int B, int T, int C, int NH, int k) {
 }
 
 // ----------------------------------------------------------------------------
-// query blocks: the OpenMP work items of the brute and block indexes
+// query blocks: the OpenMP work items of the brute reference and the ivf probe
 
 inline int topk_num_query_blocks(int T) { return (T + kTopkQueryBlock - 1) / kTopkQueryBlock; }
 

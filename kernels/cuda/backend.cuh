@@ -19,14 +19,8 @@
 // steps equal train_gpt_cpu's up to summation order (which test_cuda_trainer
 // checks to 1e-5).
 //
-// Attention coverage: exact attention (tiled, flash style), the key-list modes
-// knn and knn-tail with the brute top-k index (which also serves --attn-index
-// block: an exact index, same lists) and exact gradients, gumbel (the
-// lazy Gumbel median of means), and the sampled backward with samples from the
-// exact row or from lazy Gumbel on the top-k lists (row-wise or signed-start dV)
-// have CUDA kernels. The lsh index and kmv exist on the CPU only;
-// attention_capabilities() says so, and the trainer stops a run asking for them
-// at start-up with one line.
+// Which attention modes and top-k indexes this build has is model/attention_registry.h;
+// the trainer stops a run asking for one it lacks at start-up, with one line.
 #pragma once
 #include <cstddef>
 #include <cstring>
@@ -58,6 +52,7 @@ using knngpt::GradSampleSource;
 using knngpt::KmvParams;
 using knngpt::LshParams;
 using knngpt::TopkIndex;
+using knngpt::TopkStats;
 
 #if defined(KNNGPT_FP32)
 #define KNNGPT_MATMUL_PRECISION "fp32"
@@ -140,35 +135,27 @@ inline double device_peak_flops() {
     return peak;
 }
 
-// ---- attention ops without a CUDA kernel yet ---------------------------------
+// ---- attention ---------------------------------------------------------------------
 
-// What this build's attention kernels cover: no lsh, cluster or heavy index and no kmv yet, and
-// at most kGumbelMaxGroups median-of-means groups.
+// The limits of this build's attention kernels (model/attention_registry.h says which
+// modes and indexes it has).
 inline AttnCapabilities attention_capabilities() {
     AttnCapabilities c;
     c.build = "the CUDA build";
-    c.kmv = false;
-    // the exact indexes, all three computed by the brute-force kernel (below)
-    c.topk_indexes = 1u << (int)TopkIndex::Brute | 1u << (int)TopkIndex::Block | 1u << (int)TopkIndex::Int8;
     c.max_gumbel_groups = kGumbelMaxGroups;
     return c;
 }
 
 inline void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
-// The block and int8 indexes are exact: their lists are the brute force's, bit for bit
-// (their pruning and int8 first pass are CPU speed-ups), so here the brute-force kernel
-// computes all three.
-inline void causal_topk(int* idx, const float* qkv, int B, int T, int C, int NH, int k, TopkIndex index,
-                        const LshParams&) {
-    if (!attention_capabilities().has_index(index))
-        throw std::runtime_error("causal_topk: index " + std::to_string((int)index) +
-                                 " (lsh, cluster, heavy or ivf) has no CUDA kernel yet");
+// The brute index's entry (TopkSearchFn): the CPU's lists, bit for bit; no statistics.
+inline void topk_search_brute(int* idx, const float* qkv, int B, int T, int C, int NH, int k, const LshParams&,
+                              TopkStats*) {
     causal_topk_brute(idx, qkv, B, T, C, NH, k);
 }
 
-// kmv is refused before a run starts (attention_capabilities); this definition
-// only lets the shared dispatch in model/attention.h compile.
+// kmv is refused before a run starts (it has no CUDA row in the registry); this
+// definition only lets the shared dispatch in model/attention.h compile.
 inline void kmv_select_keys(int*, float*, const float*, int, int, int, int, int, const KmvParams&) {
     throw std::runtime_error("kmv_select_keys: kmv has no CUDA kernel yet");
 }

@@ -22,7 +22,8 @@ constexpr int kAttentionTiledMaxHeadSize = 128;
 constexpr int kAttentionBf16HeadSizeStep = 16;
 constexpr int kAttentionBf16MaxHeadSize = 128;
 
-// Exact top-k (topk_index.cuh): each warp's query row in static shared memory.
+// Exact top-k (topk_index.cuh): its query and key tiles in dynamic shared memory
+// (topk_shared_bytes), which at HS 256 still lets two blocks share an SM.
 constexpr int kTopkMaxHeadSize = 256;
 
 }  // namespace knngpt::cuda

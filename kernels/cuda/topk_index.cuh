@@ -6,7 +6,7 @@
 // Row i of idx holds S_i sorted by ascending key index; rows with i + 1 <= k hold
 // 0..i, then -1. Shapes: qkv (B, T, 3C) as in attention.cuh, HS = C / NH <=
 // kTopkMaxHeadSize; idx (B, NH, T, k). Device pointers. Any k >= 1, any T; inputs
-// must be finite (as for the CPU twin).
+// must be finite (as for the CPU twin). Nothing is saved for a backward.
 //
 // Design: a block owns a query tile of kScoreTileQueries = 32 queries of one (b, h)
 // and works in two phases.
@@ -21,39 +21,17 @@
 //           an emit pass in chunks of 32 consecutive indices keeps the keys above thr
 //           and the first `take` equal to thr (ties to the smaller index) and writes
 //           them in index order with a warp ballot.
-// The row buffer (score_tiles.cuh) is global scratch, one slice per resident block of
-// a persistent grid walking the tiles longest first: 33.8 KB x T on an H200. Rows of
-// 32 x T x 4 bytes do not fit shared memory past T ~ 600 at two blocks per SM, hence
-// global memory for every T (one code path).
+// The one decision that matters: the scores are fp32 on CUDA cores, attention_dot's chain,
+// so that the lists are the CPU's bit for bit. The row buffer (score_tiles.cuh) is global
+// scratch, one slice of 32 rows per resident block of a persistent grid walking the tiles
+// longest first: rows of 32 x T x 4 bytes do not fit shared memory past T ~ 600 at two
+// blocks per SM, so every T takes the one global-memory path.
 //
 // Templates: causal_topk_brute_kernel<HS> for HS = 8, 16, 32, 64, 128, 256 (fixed
 // trip counts, float4 loads); <0> takes any HS <= 256 at run time with scalar loads
-// (odd head sizes, or a qkv pointer not 16-byte aligned).
-//
-// Budget (sm_90, __launch_bounds__(256, 2): two blocks of 256 threads per SM, so at
-// most 128 registers a thread). Shared memory, dynamic: query tile 32 x HS, key tile
-// 64 x stride, histograms 8 x 256 words: 33.0 KB at HS 64 (8 + 17 + 8), 57.0 KB at
-// HS 128, 105.0 KB at HS 256 (two blocks fit the 228 KB of an SM). `nvcc -Xptxas -v` (CUDA 13, sm_90):
-// registers a thread 117 / 106 / 128 / 124 / 124 / 126 for HS 8 / 16 / 32 / 64 / 128 /
-// 256, 94 for <0>; no spills, no stack, no static shared memory (the fixed head sizes
-// unroll their loops and use up to the 128 the bounds allow).
-//
-// Cost at T = 16K, HS 64, per (b, h), on an H200 (~4.8 TB/s HBM, ~60 TFLOP/s fp32):
-//   scores     T (T + 1) / 2 = 134M, 2 HS flops each: 17.2 GFLOP -> 0.29 ms at peak;
-//              shared memory per warp per 4 dimensions: 2 float4 key reads (1 KB)
-//              and 4 broadcast query reads for 32 fma, so ~60-70% of peak: ~0.45 ms
-//   keys       each tile reads keys 0..i: 512 tiles x 8K keys x 256 B = 1.1 GB from
-//              L2 (a head's keys, 4 MB, stay in L2); 4 MB of keys and queries from HBM
-//   row buffer one 4-byte write and five reads (4 radix passes, 1 emit) per score:
-//              3.2 GB -> 0.67 ms from HBM (554 MB of slices exceed L2 at this T)
-//   total      0.7-1.1 ms per (b, h) (the memory-bound selection of some blocks
-//              overlaps the compute-bound scoring of others): 8-13 ms for NH = 12.
-//   For comparison, the exact forward at this shape is 4 HS T^2 / 2 x NH = 412 GFLOP:
-//   ~1.4-2.7 ms on bf16 tensor cores at 150-300 TFLOP/s. The row buffer passes are
-//   the larger half of the cost; building the first histogram while scoring and
-//   compacting the candidates of the threshold's bucket would cut them to ~2.
-//   Measured on an H200 (tools/bench_attention_cuda.cu, 16 heads, k 32): 35.6 ms at T 16K,
-//   2.2 ms per (b, h), twice the estimate; the exact forward there took 2.6 ms.
+// (odd head sizes, or a qkv pointer not 16-byte aligned). Dynamic shared memory per
+// block: query tile 32 x HS, key tile 64 x stride, histograms 8 x 256 words
+// (topk_shared_bytes), under __launch_bounds__(256, 2).
 #pragma once
 
 #include <cstddef>

@@ -1,10 +1,10 @@
 // kernels/cuda/warp_row.cuh — the one-warp-per-row layout of the kernels that give
 // one warp one row (b, h, t) of (B, NH, T): the reference exact attention of
-// attention.cuh, sparse_attention, gumbel_attention, sampled_grad (topk_index takes
-// only attention_row). Lane `lane` holds channels c = lane + 32 s, s < kWarpRowSlots,
-// of a row vector in registers; slots with c >= HS hold 0 and are skipped. The slot
-// count is a compile-time constant so that the per-lane arrays stay in registers;
-// 8 slots (8 registers a vector) cover heads up to kWarpRowMaxHeadSize = 256.
+// attention.cuh, sparse_attention, gumbel_attention, sampled_grad. Lane `lane` holds
+// channels c = lane + 32 s, s < kWarpRowSlots, of a row vector in registers; slots with
+// c >= HS hold 0 and are skipped. The slot count is a compile-time constant so that the
+// per-lane arrays stay in registers; 8 slots (8 registers a vector) cover heads up to
+// kWarpRowMaxHeadSize = 256.
 // Here: the row of a warp (WarpRow), loads and dot products of row vectors, and
 // the online softmax of one row (WarpRowSoftmax).
 #pragma once

@@ -1,4 +1,4 @@
-// model/qkv_capture.h — the q, k, v that a model's attention layers see on real text,
+// tools/qkv_capture.h — the q, k, v that a model's attention layers see on real text,
 // for benchmarks of the attention kernels on trained-model inputs.
 //
 //   text_window_tokens  T + 1 byte-level tokens (vocab 256, token = byte, as prepare_data

@@ -1,8 +1,8 @@
-// model/attention_meters.h — how far each approximate attention mode is from exact
+// tools/attention_meters.h — how far each approximate attention mode is from exact
 // attention on a model's own q, k, v, per head (tools/attn_meter; ALGORITHMS.md §2.2,
 // §7.7).
 //
-// One layer's qkv (1, T, 3C) of one validation window (model/qkv_capture.h), head h,
+// One layer's qkv (1, T, 3C) of one validation window (tools/qkv_capture.h), head h,
 // row i, n_i = i + 1 causal keys:
 //   reference  O_i: the key-list softmax (sparse_attention_forward) over every causal
 //              key, slots 0..i; the same kernel the modes use, so what is measured is
