@@ -110,8 +110,9 @@ help:
 	@echo "  make build/bench_checkpoint  a checkpoint's checksums and fsyncs against plain writes"
 	@echo "  make build/kmv_stats  how much of each attention row kmv's heavy keys hold, on a trained model"
 	@echo "  make build/compare_attention  attention settings trained and cross-evaluated against exact attention"
-	@echo "  make compare-long   T = 1024 on BENCH_TEXT: exact vs knn k 8..64, knn-tail, cluster, sampled grads,"
-	@echo "                      dense-then-sparse; 2 seeds, ~1 h per run on 2 cores (LONG_STEPS, LONG_SEEDS, LONG_OUT)"
+	@echo "  make compare-long   compare_attention --preset long on BENCH_TEXT: T = 1024, exact vs knn k 8..64,"
+	@echo "                      knn-tail, heavy, sampled grads, dense-then-sparse; 2 seeds, ~1 h per run on 2 cores"
+	@echo "                      (LONG_STEPS, LONG_SEEDS, LONG_OUT)"
 	@echo "  make build/attn_meter  per layer and head: each mode's error against exact attention vs k, top-k mass,"
 	@echo "                      kmv's heavy keys, assumption A's c vs T (trained and random init)"
 	@echo "  make test SANITIZE=1  the whole suite built with ASan + UBSan into build/sanitize"
@@ -224,6 +225,7 @@ $(BUILD)/reference/expected.bin: tests/reference/gpt2_reference.py
 test: $(TEST_BINS) $(PROGRAMS)train_gpt_cpu $(PROGRAMS)prepare_data reference $(BUILD)/train_gpt_emu \
       $(BUILD)/train_gpt_emu_bf16 $(BUILD)/compare_attention $(BUILD)/attn_meter
 	@bash tools/check_section_refs.sh
+	@$(PYTHON) tools/check_links.py
 	@KNNGPT_BUILD=$(BUILD) $(SANITIZE_ENV) sh tools/run_tests.sh $(TEST_BINS)
 	@if [ "$(SANITIZE)" = 1 ]; then echo "train_gpt: not built in the sanitized suite (nvcc code is not sanitized; make test builds it)"; \
 	elif command -v $(NVCC) >/dev/null 2>&1; then \
@@ -366,23 +368,17 @@ bench-attention: $(BUILD)/bench_attention $(BENCH_MODEL)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BUILD)/bench_attention --csv $(BUILD)/bench_attention.csv \
 	  --from-checkpoint $(BENCH_MODEL) --data "$(BENCH_TEXT)"
 
-# Long context on a CPU (README "Long context"): T = 1024, the baby
-# shape (4 layers, 4 heads, 128 channels), B 4, LONG_STEPS steps (3000: about an hour
-# per run on 2 cores), two seeds; exact, knn at k = 8, 16, 32 (sqrt T), 64, knn-tail,
-# the cluster index, sampled gradients and a dense-then-sparse schedule. It resumes
-# where it stopped (rerun the same command); LONG_OUT holds results.md and the plots.
+# Long context on a CPU (tools/README.md): compare_attention's long preset, T = 1024 with
+# the baby shape, B 4, LONG_STEPS steps (3000: about an hour per run on 2 cores), two
+# seeds. It resumes where it stopped (rerun the same command); LONG_OUT holds
+# results.md and the plots.
 LONG_STEPS ?= 3000
 LONG_SEEDS ?= 1337,1
 LONG_OUT   ?= $(BUILD)/compare_long
 compare-long: $(BUILD)/compare_attention $(BUILD)/attn_meter train_gpt_cpu prepare_data
 	@test -f "$(BENCH_TEXT)" || { echo "make $@: no text at BENCH_TEXT=$(BENCH_TEXT) (or pass BENCH_TEXT=FILE)"; exit 1; }
-	$(BUILD)/compare_attention --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) --meter-flags "--windows 2" \
-	  --setting exact --setting "knn --attn-k 8" --setting "knn --attn-k 16" --setting "knn --attn-k 32" \
-	  --setting "knn --attn-k 64" --setting "knn-tail --attn-k 32 --attn-tail 32" \
-	  --setting "knn --attn-k 32 --attn-index cluster" --setting "knn --attn-k 32 --attn-grad sampled" \
-	  --setting "knn --attn-k 32 --attn-warmup $$(( 2 * $(LONG_STEPS) / 3 ))" \
-	  -- -t 1024 -b 4 --layers 4 --heads 4 --channels 128 -x $(LONG_STEPS) -l 1e-3 -u 100 --shuffle 1 \
-	  -v $$(( $(LONG_STEPS) / 10 )) -m 16 -s 0 -n 500
+	$(BUILD)/compare_attention --preset long --text "$(BENCH_TEXT)" --out $(LONG_OUT) --seeds $(LONG_SEEDS) \
+	  -- -x $(LONG_STEPS) -v $$(( $(LONG_STEPS) / 10 ))
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt prepare_data

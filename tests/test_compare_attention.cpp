@@ -378,6 +378,9 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
         {command(text, dir, {"exact"}, "--meter " + dir + "/none"), "not an executable (make build/attn_meter, or --meters 0)"},
         {command(text + ".missing", dir, {"exact"}), "cannot read it"},
         {tool() + " --bogus 1", "unknown flag '--bogus'"},
+        {command(text, dir, {}, "--preset tiny"), "--preset: unknown preset 'tiny' (known: baby, long)"},
+        {command(text, dir, {}, "--preset long", "-x -1"), "--preset long: give -x STEPS >= 1"},
+        {command(text, dir, {}, "--plan 2"), "--plan takes 0 or 1"},
     };
     for (const auto& [cmd, expect] : cases) {
         RunResult r = run_with_threads(cmd, 1, *tmp);
@@ -386,6 +389,33 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << cmd << ": " << r.err;
         EXPECT_FALSE(exists(dir + "/runs/exact_s1337/train.log")) << cmd;
     }
+}
+
+// A preset is its settings and trainer flags: flags after -- replace the preset's value of
+// the same flag (the long preset's warm-up follows -x) or are added, --setting adds a
+// setting; --plan 1 prints what would run and runs nothing.
+TEST_F(CompareAttention, APresetIsItsSettingsWithTheGivenFlagsInPlace) {
+    const std::string dir = tmp->file("preset");
+    RunResult r = run_with_threads(command(text, dir, {"knn --attn-k 2"}, "--preset long --plan 1", "-x 600 -b 2 -g 4"),
+                                   1, *tmp);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("trainer flags: -t 1024 -b 2 --layers 4 --heads 4 --channels 128 -x 600 -l 1e-3 -u 100 "
+                         "--shuffle 1 -v 300 -m 16 -s 0 -n 500 -g 4\n"),
+              std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("meter flags: --windows 2\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("setting: --attn knn --attn-k 32 --attn-warmup 400 (knn k=32 warmup=400)\n"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("setting: --attn knn-tail --attn-k 32 --attn-tail 32 "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("setting: --attn knn --attn-k 2 (knn k=2)\n"), std::string::npos) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2 + 9 + 1) << r.out;
+    EXPECT_FALSE(exists(dir + "/results.json"));
+    RunResult baby = run_with_threads(command(text, dir, {}, "--preset baby --plan 1 --meter-flags '--windows 1'"), 1, *tmp);
+    ASSERT_EQ(baby.exit_code, 0) << baby.err;
+    EXPECT_NE(baby.out.find(" -t 16 "), std::string::npos) << "the test's base flags replace the preset's: " << baby.out;
+    EXPECT_NE(baby.out.find("meter flags: --windows 1\n"), std::string::npos) << baby.out;
+    EXPECT_NE(baby.out.find("setting: --attn gumbel --attn-k 8 --attn-grad sampled "), std::string::npos) << baby.out;
+    EXPECT_EQ(std::count(baby.out.begin(), baby.out.end(), '\n'), 2 + 11) << baby.out;
 }
 
 // A copy of the tool run outside the repository finds no tools/plot_compare.py beside
@@ -404,15 +434,16 @@ TEST_F(CompareAttention, ACopiedToolWithoutItsPlotScriptStopsBeforeTraining) {
 TEST_F(CompareAttention, EveryFlagIsInHelpAndReadme) {
     RunResult help = run_with_threads(tool() + " -h", 1, *tmp);
     ASSERT_EQ(help.exit_code, 0);
-    std::string readme = slurp("README.md");
-    ASSERT_FALSE(readme.empty()) << "README.md not found";
+    std::string readme = slurp("tools/README.md");
+    ASSERT_FALSE(readme.empty()) << "tools/README.md not found";
     size_t section = readme.find("## Comparing attention settings");
-    ASSERT_NE(section, std::string::npos) << "README.md has no section on compare_attention";
+    ASSERT_NE(section, std::string::npos) << "tools/README.md has no section on compare_attention";
     readme = readme.substr(section, readme.find("\n## ", section + 1) - section);
-    for (const char* flag : {"--setting", "--seeds", "--text", "--checkpoint", "--out", "--trainer", "--prepare-data",
-                             "--plots", "--python", "--plot-script", "--meters", "--meter", "--meter-flags", "--import", "-h"}) {
+    for (const char* flag : {"--setting", "--preset", "--plan", "--seeds", "--text", "--checkpoint", "--out", "--trainer",
+                             "--prepare-data", "--plots", "--python", "--plot-script", "--meters", "--meter",
+                             "--meter-flags", "--import", "-h"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
-        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README's section";
+        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from tools/README.md's section";
     }
 }

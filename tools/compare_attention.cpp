@@ -26,6 +26,7 @@
 //
 //   build/compare_attention --text FILE --setting exact --setting "knn --attn-k 16"
 //       [--seeds 1337,1] [--out DIR] [--trainer PATH] -- [trainer flags]
+//   build/compare_attention --preset baby|long --text FILE [--seeds ...] [-- flags that replace the preset's]
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <limits.h>
@@ -63,10 +64,19 @@ evaluates every trained model under every setting (the cross-evaluation matrix);
 --checkpoint, evaluates one model file under every setting. The trainer flags after `--`
 (the base configuration: shape, steps, schedule, -m, ...) go to every run.
 
+  --preset NAME        a documented comparison: its settings, trainer flags and meter flags
+                       (trainer flags after `--` replace the preset's value of the same flag;
+                       --setting adds settings, --meter-flags replaces its meter flags):
+                         baby  the quick start's baby config (T = 64, B 12, 2000 steps, the whole
+                               validation split) under every attention mode
+                         long  T = 1024 with the baby shape, B 4, 3000 steps: exact against knn
+                               k = 8..64, knn-tail, the heavy index, sampled gradients and knn
+                               after a dense warm-up of 2/3 of the steps (-x)
+  --plan 0|1           1: print the settings and trainer flags that would run, and stop
   --setting FLAGS      an attention setting: trainer flags separated by spaces, e.g.
                        "--attn knn --attn-k 16" or "--attn-grad sampled"; a first word without
                        a dash is the mode ("exact" = "--attn exact", "knn --attn-k 16");
-                       repeat the flag for each setting (at least one)
+                       repeat the flag for each setting (at least one, or a --preset)
   --seeds LIST         comma-separated seeds (default 1337); seed S gives every run of it
                        --seed S --attn-seed S (with --checkpoint: --attn-seed S); a setting's
                        own --attn-seed wins
@@ -182,8 +192,42 @@ struct Options {
     int plots = 1, meters = 1;
     std::vector<std::string> meter_flags;  // --meter-flags, split
     std::vector<std::string> imports;      // --import DIR, in order
-    std::vector<std::string> base;  // the trainer flags after --
+    std::vector<std::string> base;  // the trainer flags: the preset's, with those after -- in their place
+    bool plan = false;              // --plan 1
 };
+
+// ----------------------------------------------------------------------------
+// Presets: the comparisons the README and tools/README.md report, as one flag
+
+struct Preset {
+    std::vector<std::string> settings;     // --setting values
+    std::vector<std::string> base;         // trainer flags
+    std::vector<std::string> meter_flags;  // --meter-flags
+};
+
+// `steps`: the -x given after -- (0: none; the long preset's warm-up is 2/3 of the steps)
+Preset preset_named(const std::string& name, long steps) {
+    if (steps == 0) steps = 3000;  // the presets' own -x: baby 2000 (no warm-up), long 3000
+    if (steps < 0) die("--preset " + name + ": give -x STEPS >= 1 (the warm-up is a share of the steps)");
+    if (name == "baby")  // nanoGPT's CPU baby config, as the quick start trains it
+        return {{"exact", "knn --attn-k 4", "knn --attn-k 8", "knn --attn-k 16", "knn --attn-k 32",
+                 "knn-tail --attn-k 8 --attn-tail 8",
+                 "gumbel --attn-k 8 --attn-grad sampled", "kmv --attn-k 8 --attn-tail 8",
+                 "kmv --attn-k 8 --attn-tail 8 --attn-kmv-threshold relative --attn-kmv-levels 4 --attn-kmv-alpha 1",
+                 "exact --attn-grad sampled --attn-grad-samples 16",
+                 "knn --attn-k 16 --attn-grad sampled --attn-grad-samples 16"},
+                split_words("--layers 4 --heads 4 --channels 128 -t 64 -b 12 -x 2000 -l 1e-3 -k cosine -q 0.1 -u 100 "
+                            "--beta2 0.99 -c 0.1 --grad-clip 1.0 --shuffle 1 -v 200 -m -1 -s 0 -g 64"),
+                {}};
+    if (name == "long")  // the long-context recipe
+        return {{"exact", "knn --attn-k 8", "knn --attn-k 16", "knn --attn-k 32", "knn --attn-k 64",
+                 "knn-tail --attn-k 32 --attn-tail 32", "knn --attn-k 32 --attn-index heavy",
+                 "knn --attn-k 32 --attn-grad sampled", "knn --attn-k 32 --attn-warmup " + std::to_string(2 * steps / 3)},
+                split_words("-t 1024 -b 4 --layers 4 --heads 4 --channels 128 -x 3000 -l 1e-3 -u 100 --shuffle 1 "
+                            "-v 300 -m 16 -s 0 -n 500"),
+                split_words("--windows 2")};
+    die("--preset: unknown preset '" + name + "' (known: baby, long)");
+}
 
 // The repository this program was built in: the nearest directory above it
 // that holds tools/plot_compare.py (the root, for build/compare_attention and
@@ -224,6 +268,8 @@ Options parse_args(int argc, char** argv) {
     o.plot_script = root + "/tools/plot_compare.py";
     o.meter = root + "/build/attn_meter";
     std::vector<std::string> settings;
+    std::string preset;
+    bool meter_flags_given = false;
     int i = 1;
     for (; i < argc; i++) {
         std::string flag = argv[i];
@@ -235,7 +281,12 @@ Options parse_args(int argc, char** argv) {
         if (i + 1 >= argc) die(flag + ": missing value");
         const char* value = argv[++i];
         if (flag == "--setting") settings.push_back(value);
-        else if (flag == "--seeds") {
+        else if (flag == "--preset") preset = value;
+        else if (flag == "--plan") {
+            std::string v = value;
+            if (v != "0" && v != "1") die("--plan takes 0 or 1");
+            o.plan = v == "1";
+        } else if (flag == "--seeds") {
             o.seeds.clear();
             std::string list = value;
             for (size_t start = 0; start <= list.size();) {
@@ -266,13 +317,36 @@ Options parse_args(int argc, char** argv) {
             if (v != "0" && v != "1") die("--meters takes 0 or 1");
             o.meters = v == "1";
         } else if (flag == "--meter") o.meter = value;
-        else if (flag == "--meter-flags") o.meter_flags = split_words(value);
+        else if (flag == "--meter-flags") o.meter_flags = split_words(value), meter_flags_given = true;
         else if (flag == "--import") o.imports.push_back(value);
         else die("unknown flag '" + flag + "' (see -h; trainer flags go after --)");
     }
     for (; i < argc; i++) o.base.push_back(argv[i]);
+    if (o.base.size() % 2 != 0)
+        die("trainer flags after --: expected flag-value pairs, got '" + join(o.base) + "'");
+    if (!preset.empty()) {
+        // the preset's flags, each replaced by the value given after --, then the others given
+        const std::vector<std::string> given = o.base;
+        const std::string given_steps = flag_value(given, "-x");
+        long steps = 0;
+        try {
+            if (!given_steps.empty()) steps = parse_flag_long("-x", given_steps.c_str());
+        } catch (const std::exception& e) {
+            die(e.what());
+        }
+        const Preset p = preset_named(preset, steps);
+        o.base = p.base;
+        for (size_t u = 0; u + 1 < given.size(); u += 2) {
+            bool replaced = false;
+            for (size_t v = 0; v + 1 < o.base.size(); v += 2)
+                if (o.base[v] == given[u]) o.base[v + 1] = given[u + 1], replaced = true;
+            if (!replaced) o.base.insert(o.base.end(), {given[u], given[u + 1]});
+        }
+        settings.insert(settings.begin(), p.settings.begin(), p.settings.end());
+        if (!meter_flags_given) o.meter_flags = p.meter_flags;
+    }
 
-    if (settings.empty()) die("no --setting given (e.g. --setting exact --setting \"knn --attn-k 16\")");
+    if (settings.empty()) die("no --setting given (e.g. --setting exact --setting \"knn --attn-k 16\", or a --preset)");
     for (const auto& text : settings) {
         Setting s = parse_setting(text);
         for (const auto& other : o.settings) {
@@ -287,8 +361,6 @@ Options parse_args(int argc, char** argv) {
     for (size_t a = 0; a < o.seeds.size(); a++)
         for (size_t b = 0; b < a; b++)
             if (o.seeds[a] == o.seeds[b]) die("--seeds: seed " + std::to_string(o.seeds[a]) + " is given twice");
-    if (o.base.size() % 2 != 0)
-        die("trainer flags after --: expected flag-value pairs, got '" + join(o.base) + "'");
     std::vector<std::string> owned = {"-o", "-y", "--eval-only", "--seed", "--attn-seed"};
     if (!o.checkpoint.empty()) owned.push_back("-e");
     if (!o.text.empty()) owned.insert(owned.end(), {"-i", "-j"});
@@ -875,6 +947,12 @@ void import_results(const Options& o, json& db, const std::string& from) {
 
 int main(int argc, char** argv) {
     Options o = parse_args(argc, argv);
+    if (o.plan) {
+        printf("trainer flags: %s\n", join(o.base).c_str());
+        if (!o.meter_flags.empty()) printf("meter flags: %s\n", join(o.meter_flags).c_str());
+        for (const Setting& s : o.settings) printf("setting: %s (%s)\n", s.flags.c_str(), s.label.c_str());
+        return 0;
+    }
     make_dirs(o.out_dir + "/runs");
     if (!file_exists(o.out_dir + "/runs")) die("--out " + o.out_dir + ": cannot create it");
 
