@@ -53,7 +53,6 @@
 #include "data/bpe.h"
 #include "data/dataloader.h"
 #include "data/tokenizer.h"
-#include "train/duration.h"
 
 namespace {
 
@@ -480,10 +479,10 @@ int run_gpt2(const Options& opt) {
                 last_report = now;
                 const double s = std::chrono::duration<double>(now - start).count();
                 const double rate = (double)done_bytes / std::max(s, 1e-9);
-                std::fprintf(stderr, "\rprepare_data: %s of %s (%.0f%%) | %.1f MB/s | %zu tokens | eta %s   ",
+                std::fprintf(stderr, "\rprepare_data: %s of %s (%.0f%%) | %.1f MB/s | %zu tokens | eta %.0f s   ",
                              megabytes((double)done_bytes).c_str(), megabytes((double)total).c_str(),
                              100.0 * (double)done_bytes / (double)total, rate / 1e6, done_tokens,
-                             knngpt::format_duration((double)(total - done_bytes) / std::max(rate, 1.0)).c_str());
+                             (double)(total - done_bytes) / std::max(rate, 1.0));
             }
         }
         writer.finish();
