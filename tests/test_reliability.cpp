@@ -572,15 +572,15 @@ TEST_F(Reliability, KillDashNineLoopEndsInTheUninterruptedModel) {
     EXPECT_EQ(files_in(dir), checkpoint_files({20, 39, 40}));
 }
 
-// The flags of this file's features are in -h and in README.md.
+// The flags of this file's features are in -h and in the trainer's README (train/README.md).
 TEST_F(Reliability, NewFlagsAreInHelpAndReadme) {
     RunResult help = run(program_path("train_gpt_cpu") + " -h", tmp);
     ASSERT_EQ(help.exit_code, 0);
-    const std::string readme = slurp("README.md");
-    ASSERT_FALSE(readme.empty()) << "README.md not found";
+    const std::string readme = slurp("train/README.md");
+    ASSERT_FALSE(readme.empty()) << "train/README.md not found";
     for (const char* flag : {"-nk", "-nm", "--verify-checksum", "--skip-nonfinite", "--inject-nan"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
-        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from README.md";
+        EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from train/README.md";
     }
 }
