@@ -127,73 +127,61 @@ inline const AttnGradInfo kAttnGrads[] = {
 
 inline bool in_this_build(unsigned builds) { return (builds & kThisBuild) != 0; }
 
-inline const TopkIndexInfo* find_topk_index(const std::string& name) {
-    for (const TopkIndexInfo& row : kTopkIndexes)
+// A table's row by name (a flag's value) or by id (what a checkpoint stores); null if none.
+template <class Row, size_t N>
+const Row* find_row(const Row (&rows)[N], const std::string& name) {
+    for (const Row& row : rows)
         if (name == row.name) return &row;
     return nullptr;
 }
-inline const TopkIndexInfo* find_topk_index(int id) {
-    for (const TopkIndexInfo& row : kTopkIndexes)
+template <class Row, size_t N>
+const Row* find_row(const Row (&rows)[N], int id) {
+    for (const Row& row : rows)
         if (id == (int)row.id) return &row;
     return nullptr;
 }
-inline const TopkIndexInfo& topk_index_info(TopkIndex id) {
-    const TopkIndexInfo* row = find_topk_index((int)id);
-    return row ? *row : kTopkIndexes[0];  // every TopkIndex value has a row (test_attention_registry)
-}
+inline const TopkIndexInfo* find_topk_index(const std::string& name) { return find_row(kTopkIndexes, name); }
+inline const TopkIndexInfo* find_topk_index(int id) { return find_row(kTopkIndexes, id); }
 inline const RetiredTopkIndex* find_retired_topk_index(const std::string& name) {
-    for (const RetiredTopkIndex& row : kRetiredTopkIndexes)
-        if (name == row.name) return &row;
-    return nullptr;
+    return find_row(kRetiredTopkIndexes, name);
 }
-inline const RetiredTopkIndex* find_retired_topk_index(int id) {
-    for (const RetiredTopkIndex& row : kRetiredTopkIndexes)
-        if (id == row.id) return &row;
-    return nullptr;
-}
+inline const RetiredTopkIndex* find_retired_topk_index(int id) { return find_row(kRetiredTopkIndexes, id); }
+inline const AttnModeInfo* find_attn_mode(const std::string& name) { return find_row(kAttnModes, name); }
+inline const AttnModeInfo* find_attn_mode(int id) { return find_row(kAttnModes, id); }
+inline const AttnGradInfo* find_attn_grad(const std::string& name) { return find_row(kAttnGrads, name); }
 
-inline const AttnModeInfo* find_attn_mode(const std::string& name) {
-    for (const AttnModeInfo& row : kAttnModes)
-        if (name == row.name) return &row;
-    return nullptr;
-}
-inline const AttnModeInfo* find_attn_mode(int id) {
-    for (const AttnModeInfo& row : kAttnModes)
-        if (id == (int)row.id) return &row;
-    return nullptr;
+// The row of a value (every TopkIndex, AttnMode and AttnGrad value has one:
+// test_attention_registry checks it; the first row is a safe answer otherwise).
+inline const TopkIndexInfo& topk_index_info(TopkIndex id) {
+    const TopkIndexInfo* row = find_row(kTopkIndexes, (int)id);
+    return row ? *row : kTopkIndexes[0];
 }
 inline const AttnModeInfo& attn_mode_info(AttnMode id) {
-    const AttnModeInfo* row = find_attn_mode((int)id);
+    const AttnModeInfo* row = find_row(kAttnModes, (int)id);
     return row ? *row : kAttnModes[0];
 }
-inline const AttnGradInfo* find_attn_grad(const std::string& name) {
-    for (const AttnGradInfo& row : kAttnGrads)
-        if (name == row.name) return &row;
-    return nullptr;
-}
 inline const AttnGradInfo& attn_grad_info(AttnGrad id) {
-    for (const AttnGradInfo& row : kAttnGrads)
-        if (id == row.id) return row;
-    return kAttnGrads[0];
+    const AttnGradInfo* row = find_row(kAttnGrads, (int)id);
+    return row ? *row : kAttnGrads[0];
 }
 
 inline const char* attn_mode_name(AttnMode m) { return attn_mode_info(m).name; }
 inline const char* attn_index_name(TopkIndex i) { return topk_index_info(i).name; }
 
-// "a, b, c": the names of a table's rows, of one tier or all (tier < 0)
-template <class Row, size_t N>
-std::string registry_names(const Row (&rows)[N], int tier = -1) {
+// "a, b, c": the names of a table's rows that `keep` keeps, or of all of them
+template <class Row, size_t N, class Keep>
+std::string registry_names(const Row (&rows)[N], Keep keep) {
     std::string s;
     for (const Row& row : rows)
-        if (tier < 0 || (int)row.tier == tier) s += (s.empty() ? "" : ", ") + std::string(row.name);
+        if (keep(row)) s += (s.empty() ? "" : ", ") + std::string(row.name);
     return s;
 }
-
+template <class Row, size_t N>
+std::string registry_names(const Row (&rows)[N]) {
+    return registry_names(rows, [](const Row&) { return true; });
+}
 inline std::string exact_topk_index_names() {
-    std::string s;
-    for (const TopkIndexInfo& row : kTopkIndexes)
-        if (row.exact) s += (s.empty() ? "" : ", ") + std::string(row.name);
-    return s;
+    return registry_names(kTopkIndexes, [](const TopkIndexInfo& row) { return row.exact; });
 }
 
 }  // namespace knngpt

@@ -4,6 +4,7 @@
 // flag, and the --attn-eval list.
 #pragma once
 #include <cstdint>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -36,36 +37,31 @@ struct AttnFlags {
 
 // ---- --help -----------------------------------------------------------------------
 
-// `text` wrapped to lines of at most `width` characters, the first after `lead` (padded
-// to the help column), the others indented to that column.
+// One --help entry: `lead` (the flag) padded to the help column, then `text` wrapped at
+// spaces into lines of at most `width` characters, each further line indented to the
+// column; "x = y" stays on one line.
 inline std::string help_entry(const std::string& lead, const std::string& text, size_t width = 100) {
     const size_t column = 19;
-    std::string out = lead.size() + 1 <= column ? lead + std::string(column - lead.size(), ' ') : lead + " ";
-    size_t line_start = 0;
-    std::string word;
-    auto add = [&](const std::string& w) {
-        if (out.size() - line_start + w.size() + 1 > width && out.size() - line_start > column) {
-            out += "\n" + std::string(column, ' ');
-            line_start = out.size() - column;
-        } else if (out.size() - line_start > column && out.back() != ' ') {
-            out += ' ';
-        }
-        out += w;
-    };
-    // " = " binds its two sides: "n = 16K" never breaks across lines
-    std::string glued;
-    for (size_t i = 0; i < text.size(); i++) glued += text.compare(i, 3, " = ") == 0 ? (i += 2, "\x01=\x01") : std::string(1, text[i]);
-    for (char c : glued) {
-        if (c == ' ') {
-            if (!word.empty()) add(word);
-            word.clear();
-        } else {
-            word += c;
-        }
+    std::vector<std::string> words;
+    std::istringstream in(text);
+    for (std::string w; in >> w;) {
+        const bool glue = !words.empty() && (w == "=" || words.back().back() == '=');
+        if (glue) words.back() += " " + w;
+        else words.push_back(w);
     }
-    if (!word.empty()) add(word);
-    for (char& c : out)
-        if (c == '\x01') c = ' ';
+    std::string out = lead + std::string(lead.size() < column ? column - lead.size() : 1, ' ');
+    size_t line = out.size();  // the current line's length
+    for (size_t u = 0; u < words.size(); u++) {
+        if (u > 0 && line + 1 + words[u].size() > width) {
+            out += "\n" + std::string(column, ' ');
+            line = column;
+        } else if (u > 0) {
+            out += ' ';
+            line++;
+        }
+        out += words[u];
+        line += words[u].size();
+    }
     return out + "\n";
 }
 
