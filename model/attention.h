@@ -15,10 +15,14 @@
 // Sampled gradients replace every backward by the randomised estimators of §5,
 // which estimate the gradient of EXACT attention (samples from the exact row, or
 // from lazy Gumbel on the top-k set); after an approximate forward their Delta_i
-// comes from its output, which shifts the dQ, dK means (§5.2).
+// comes from its output, which shifts the dQ, dK means (§5.2). The stratified
+// backward (after knn or knn-tail) estimates it too: each list's head exactly and
+// the rest of the row from m fresh, up-weighted tail keys (§5.5).
 //
 // knn, knn-tail and kmv all produce key lists in one form, idx (B, NH, T, K)
-// with log-weights logw (B, NH, T, K), and share the sparse softmax kernel.
+// with log-weights logw (B, NH, T, K), and share the sparse softmax kernel. The
+// head of a knn or knn-tail list is the top k joined by the forced keys, a local
+// window and attention sinks, when the configuration has them.
 // Every random draw is a Philox function of (seed, step, layer, head, batch,
 // query, draw index) (kernels/common/draws.h): the caller names the step of each
 // forward, and the layer's backward reuses it, so both see the same samples.
@@ -41,8 +45,11 @@ struct AttnConfig {
     int k = 16;     // nearest keys per query (kmv: the heavy-key budget)
     int tail = 0;   // m: tail samples (knn-tail) or light samples (kmv) per query
     TopkIndex index = TopkIndex::Brute;                 // the top-k search (model/attention_registry.h)
-    AttnGrad grad = AttnGrad::Exact;                    // exact or sampled gradients
-    int grad_samples = 16;                              // s: samples per query of the sampled gradients
+    int window = 0;  // the most recent keys every knn / knn-tail list holds besides its top k
+    int sinks = 0;   // the first keys (attention sinks) every knn / knn-tail list holds
+    AttnGrad grad = AttnGrad::Exact;                    // exact, sampled or stratified gradients
+    int grad_samples = 16;                              // s: samples per query of the sampled gradients,
+                                                        // m: tail samples per query of the stratified one
     AttnGradSource grad_source = AttnGradSource::Auto;  // where the sampled gradients draw from
     bool grad_signed_dv = false;                        // signed-start dV instead of row-wise
     int gumbel_groups = 3, gumbel_samples = 8;          // median-of-means groups x samples of gumbel
@@ -51,12 +58,16 @@ struct AttnConfig {
     float kmv_alpha = kKmvDefaultAlpha;                 // kmv's heavy exponent alpha (§7.4; [P2]'s 1/3)
     uint64_t seed = 0;                                  // key of every attention draw
 
+    // do the lists hold forced keys (a window, sinks) besides the top k?
+    bool forced_keys() const { return window > 0 || sinks > 0; }
+    // slots of a list's head: the top k, and the forced keys of knn and knn-tail
+    int head_size() const { return mode == AttnMode::Knn || mode == AttnMode::KnnTail ? k + window + sinks : k; }
     // slots per key list (0 when the mode keeps none)
     int list_size() const {
         switch (mode) {
             case AttnMode::Exact: return 0;
-            case AttnMode::Knn: case AttnMode::Gumbel: return k;
-            case AttnMode::KnnTail: case AttnMode::Kmv: return k + tail;
+            case AttnMode::Knn: case AttnMode::Gumbel: return head_size();
+            case AttnMode::KnnTail: case AttnMode::Kmv: return head_size() + tail;
         }
         return 0;
     }
@@ -87,6 +98,10 @@ enum class AttnProblem {
     KmvAlphaOutOfRange,       // kmv_alpha not in (0, 4]
     KmvAlphaWithoutKmv,       // a kmv alpha other than 1/3 with a mode other than kmv
     GradSamplesBelowOne,      // grad_samples < 1
+    ForcedKeysNegative,       // window < 0 or sinks < 0
+    ForcedKeysWithoutKnn,     // a window or sinks with a mode other than knn or knn-tail
+    ForcedKeysWithSampledGrad,  // a window or sinks with sampled gradients (their lazy Gumbel needs pure top-k lists)
+    StratifiedWithoutKnn,     // the stratified backward after a mode other than knn or knn-tail
     GumbelCountsBelowOne,     // gumbel_groups or gumbel_samples < 1
     LazyGumbelNeedsExactIndex,  // lazy Gumbel samples (gumbel forward or sampler) on an approximate index:
                                 // exact only when the top-k set is the top k (ALGORITHMS.md §4.3)
@@ -107,6 +122,11 @@ inline AttnProblem attn_config_problem(const AttnConfig& a) {
     if (!kmv_alpha_ok(a.kmv_alpha)) return AttnProblem::KmvAlphaOutOfRange;
     if (a.kmv_alpha != kKmvDefaultAlpha && a.mode != AttnMode::Kmv) return AttnProblem::KmvAlphaWithoutKmv;
     if (a.grad_samples < 1) return AttnProblem::GradSamplesBelowOne;
+    const bool knn_lists = a.mode == AttnMode::Knn || a.mode == AttnMode::KnnTail;
+    if (a.window < 0 || a.sinks < 0) return AttnProblem::ForcedKeysNegative;
+    if (a.forced_keys() && !knn_lists) return AttnProblem::ForcedKeysWithoutKnn;
+    if (a.forced_keys() && a.grad == AttnGrad::Sampled) return AttnProblem::ForcedKeysWithSampledGrad;
+    if (a.grad == AttnGrad::Stratified && !knn_lists) return AttnProblem::StratifiedWithoutKnn;
     if (a.gumbel_groups < 1 || a.gumbel_samples < 1) return AttnProblem::GumbelCountsBelowOne;
     if (a.index_is_approximate() && (a.mode == AttnMode::Gumbel || a.sampled_from_lazy_gumbel()))
         return AttnProblem::LazyGumbelNeedsExactIndex;
@@ -133,6 +153,10 @@ inline const char* attn_problem_text(AttnProblem p) {
         case AttnProblem::KmvAlphaOutOfRange: return "a kmv alpha outside (0, 4]";
         case AttnProblem::KmvAlphaWithoutKmv: return "a kmv alpha with a mode other than kmv";
         case AttnProblem::GradSamplesBelowOne: return "grad_samples < 1";
+        case AttnProblem::ForcedKeysNegative: return "window or sinks < 0";
+        case AttnProblem::ForcedKeysWithoutKnn: return "a window or sinks with a mode other than knn or knn-tail";
+        case AttnProblem::ForcedKeysWithSampledGrad: return "a window or sinks with sampled gradients";
+        case AttnProblem::StratifiedWithoutKnn: return "the stratified backward with a mode other than knn or knn-tail";
         case AttnProblem::GumbelCountsBelowOne: return "gumbel groups or samples < 1";
         case AttnProblem::LazyGumbelNeedsExactIndex: return "lazy Gumbel samples on an approximate index";
         case AttnProblem::GumbelWithoutSampledGrad: return "gumbel with exact gradients";
@@ -147,6 +171,8 @@ inline const char* attn_problem_text(AttnProblem p) {
 inline std::string attn_description(const AttnConfig& a) {
     std::string s = attn_mode_name(a.mode);
     if (a.mode != AttnMode::Exact) s += " k " + std::to_string(a.k) + " index " + attn_index_name(a.index);
+    if (a.window > 0) s += " window " + std::to_string(a.window);
+    if (a.sinks > 0) s += " sinks " + std::to_string(a.sinks);
     if (a.mode == AttnMode::KnnTail) s += " tail " + std::to_string(a.tail);
     if (a.mode == AttnMode::Kmv) s += " light " + std::to_string(a.tail);
     if (a.mode == AttnMode::Kmv && a.kmv_threshold == KmvThreshold::Relative) s += " threshold relative";
@@ -161,10 +187,12 @@ inline std::string attn_description(const AttnConfig& a) {
     if (a.grad == AttnGrad::Sampled) {
         s += ", grad sampled s " + std::to_string(a.grad_samples) +
              (a.sampled_from_lazy_gumbel() ? " lazy-gumbel" : " exact-row") + (a.grad_signed_dv ? " signed-dv" : "");
+    } else if (a.grad == AttnGrad::Stratified) {
+        s += ", grad stratified m " + std::to_string(a.grad_samples);
     } else {
         s += ", grad exact";
     }
-    if (a.mode != AttnMode::Exact || a.grad == AttnGrad::Sampled) s += ", seed " + std::to_string(a.seed);
+    if (a.mode != AttnMode::Exact || a.grad != AttnGrad::Exact) s += ", seed " + std::to_string(a.seed);
     return s;
 }
 
@@ -175,10 +203,16 @@ struct AttnLayerState {
     int K = 0;
 };
 
-// Scratch the dispatch needs besides the saved state: top-k lists of
-// (B, NH, T, k) ints (knn-tail's head, lazy-Gumbel gradient samples).
+// Scratch the dispatch needs besides the saved state, shared by the layers: top-k lists
+// of (B, NH, T, k) ints (knn-tail's head, forced keys' input, lazy-Gumbel gradient
+// samples); the stratified backward's lists (B, NH, T, head + m) and the estimates of the
+// full attention's output (B, T, C) and log normaliser (B, NH, T) it computes from them.
 struct AttnScratch {
     int* topk = nullptr;
+    int* grad_idx = nullptr;
+    float* grad_logw = nullptr;
+    float* grad_out = nullptr;
+    float* grad_lse = nullptr;
 };
 
 // The top-k lists (rows of k) and the first k slots of K-slot key lists, both
@@ -220,6 +254,40 @@ inline void causal_topk(int* idx, const AttnLayerCall& call, const float* qkv, i
     index.entry(idx, qkv, B, T, C, NH, call.config.k, lsh_params(call), nullptr);
 }
 
+// The heads of knn and knn-tail lists: the top k, and the window and sinks where the
+// configuration forces them (kernels/common/forced_keys.h), in the first head_size()
+// slots of every list.
+inline void knn_heads(const AttnLayerState& st, const AttnLayerCall& call, const float* qkv, int B, int T, int C,
+                      int NH) {
+    const AttnConfig& a = call.config;
+    if (!a.forced_keys() && st.K == a.k) {  // knn without forced keys: the lists are the top k
+        causal_topk(st.idx, call, qkv, B, T, C, NH);
+        return;
+    }
+    causal_topk(call.scratch.topk, call, qkv, B, T, C, NH);
+    if (a.forced_keys())
+        ops::add_forced_keys(st.idx, st.K, call.scratch.topk, a.k, B, T, NH, a.window, a.sinks);
+    else
+        topk_into_lists(st.idx, st.K, call.scratch.topk, a.k, (size_t)B * NH * T);
+}
+
+// The stratified backward (ALGORITHMS.md §5.5): every row's head exactly and m tail keys
+// drawn uniformly from the rest of its causal keys (DRAW_GRADIENT_TAIL, fresh draws),
+// up-weighted by |R_i| / m; the full row's normaliser and output estimated from the same
+// keys (a sparse forward over the lists), then the key-list backward with them.
+inline void stratified_attention_backward(const AttnLayerCall& call, float* dqkv, const float* dout, const float* qkv,
+                                          int B, int T, int C, int NH) {
+    const AttnConfig& a = call.config;
+    const AttnScratch& sc = call.scratch;
+    const int H = a.head_size(), K = H + a.grad_samples;
+    ops::copy_columns(sc.grad_idx, K, call.state.idx, call.state.K, H, (size_t)B * NH * T);
+    ops::sample_tail_keys(sc.grad_idx, sc.grad_logw, B, T, NH, H, a.grad_samples, false, a.seed, call.draw_step,
+                          call.layer, call.draw_batch0, DRAW_GRADIENT_TAIL);
+    ops::sparse_attention_forward(sc.grad_out, sc.grad_lse, qkv, sc.grad_idx, sc.grad_logw, B, T, C, NH, K);
+    ops::sparse_attention_backward(dqkv, dout, qkv, sc.grad_out, sc.grad_lse, sc.grad_idx, sc.grad_logw, B, T, C, NH,
+                                   K);
+}
+
 // out (B, T, C), lse (B, NH, T), qkv (B, T, 3C).
 inline void attention_layer_forward(const AttnLayerCall& call, float* out, float* lse, const float* qkv, int B, int T,
                                     int C, int NH) {
@@ -231,15 +299,14 @@ inline void attention_layer_forward(const AttnLayerCall& call, float* out, float
             ops::attention_forward(out, lse, qkv, B, T, C, NH);
             return;
         case AttnMode::Knn:
-            causal_topk(st.idx, call, qkv, B, T, C, NH);
+            knn_heads(st, call, qkv, B, T, C, NH);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, nullptr, B, T, C, NH, st.K);
             return;
         case AttnMode::KnnTail: {
-            // top-k into the first k slots of each (k + m)-slot list, then the tail samples
-            causal_topk(call.scratch.topk, call, qkv, B, T, C, NH);
-            topk_into_lists(st.idx, st.K, call.scratch.topk, a.k, (size_t)B * NH * T);
-            ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.k, a.tail, false, a.seed, call.draw_step, layer,
-                                  call.draw_batch0);
+            // the head (top k and forced keys) in the first slots of each list, then the tail samples
+            knn_heads(st, call, qkv, B, T, C, NH);
+            ops::sample_tail_keys(st.idx, st.logw, B, T, NH, a.head_size(), a.tail, false, a.seed, call.draw_step,
+                                  layer, call.draw_batch0);
             ops::sparse_attention_forward(out, lse, qkv, st.idx, st.logw, B, T, C, NH, st.K);
             return;
         }
@@ -270,6 +337,10 @@ inline void attention_layer_backward(const AttnLayerCall& call, float* dqkv, con
                                      const float* out, const float* lse, int B, int T, int C, int NH) {
     const AttnConfig& a = call.config;
     const AttnLayerState& st = call.state;
+    if (a.grad == AttnGrad::Stratified) {
+        stratified_attention_backward(call, dqkv, dout, qkv, B, T, C, NH);
+        return;
+    }
     if (a.grad == AttnGrad::Sampled) {
         const int* topk = nullptr;
         if (a.sampled_from_lazy_gumbel()) {

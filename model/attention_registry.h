@@ -121,6 +121,10 @@ inline const AttnGradInfo kAttnGrads[] = {
     {AttnGrad::Sampled, "sampled", Tier::Experimental,
      "randomised estimators of exact attention's gradient (--attn-grad-samples S)",
      "+0.037 nats with the exact forward, +0.057 with knn (T = 64, s = 16); +0.53 with knn at T = 1024"},
+    {AttnGrad::Stratified, "stratified", Tier::Experimental,
+     "after knn or knn-tail: exact attention's gradient from the list's head exactly and m up-weighted uniform "
+     "tail keys (--attn-grad-samples M)",
+     "not yet measured in training"},
 };
 
 // ---- lookups -------------------------------------------------------------------------

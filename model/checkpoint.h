@@ -290,6 +290,8 @@ inline void write_state_file(const std::string& path, const TrainState& s) {
     header[62] = (int)a.kmv_threshold;
     header[63] = a.kmv_levels;
     std::memcpy(header + 64, &a.kmv_alpha, sizeof(float));
+    header[65] = a.window;
+    header[66] = a.sinks;
     header[STATE_CHECKSUM_SLOT] = CHECKSUM_MARK;
     header[STATE_CHECKSUM_SLOT + 1] = CHECKSUM_XXH64;
     put_u64(header, STATE_CHECKSUM_SLOT + 2, s.model_checksum);
@@ -374,11 +376,13 @@ inline TrainState read_state_file(const std::string& path, size_t num_parameters
     a.kmv_threshold = (KmvThreshold)header[62];
     a.kmv_levels = header[63] == 0 ? 1 : header[63];  // 0 in files written before the field
     if (header[64] != 0) std::memcpy(&a.kmv_alpha, header + 64, sizeof(float));  // else [P2]'s 1/3
-    if (!find_attn_mode(header[50]) || !index ||
-        header[54] < 0 || header[54] > (int)AttnGrad::Sampled || header[56] < 0 ||
+    a.window = header[65];  // 0 in files written before the field
+    a.sinks = header[66];
+    if (!find_attn_mode(header[50]) || !index || !find_row(kAttnGrads, header[54]) || a.window < 0 || a.sinks < 0 ||
+        header[56] < 0 ||
         header[56] > (int)AttnGradSource::LazyGumbel || header[62] < 0 || header[62] > (int)KmvThreshold::Relative ||
         !kmv_width_levels_ok(a.kmv_levels) || !kmv_alpha_ok(a.kmv_alpha))
-        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..64)");
+        throw std::runtime_error(path + ": unknown attention settings in the header (fields 50..66)");
     return s;
 }
 

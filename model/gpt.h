@@ -300,6 +300,13 @@ struct GPT {
     int attn_list_capacity = 0;       // K the lists are allocated for
     int* attn_topk_scratch = nullptr;  // (B, NH, T, k)
     int attn_topk_capacity = 0;       // k the scratch is allocated for
+    // the stratified backward's scratch: its lists (B, NH, T, K') and the estimates of the
+    // full attention's output (B, T, C) and log normaliser (B, NH, T)
+    int* attn_grad_idx = nullptr;
+    float* attn_grad_logw = nullptr;
+    int attn_grad_list_capacity = 0;  // K' the lists are allocated for
+    float* attn_grad_out = nullptr;
+    float* attn_grad_lse = nullptr;
     int* inputs = nullptr;   // (B, T) device
     int* targets = nullptr;  // (B, T) device
     int cur_B = 0, cur_T = 0;       // shape of the last forward
@@ -325,7 +332,8 @@ struct GPT {
             for (const auto& range : matmul_input_activations(acts, config, B, T)) ops::unregister_activation_copy(range.first);
         for (void* p : {(void*)params_memory, (void*)grads_memory, (void*)m_memory, (void*)v_memory,
                         (void*)acts_memory, (void*)grad_acts_memory, (void*)inputs, (void*)targets,
-                        (void*)attn_idx_memory, (void*)attn_logw_memory, (void*)attn_topk_scratch})
+                        (void*)attn_idx_memory, (void*)attn_logw_memory, (void*)attn_topk_scratch,
+                        (void*)attn_grad_idx, (void*)attn_grad_logw, (void*)attn_grad_out, (void*)attn_grad_lse})
             if (p) ops::device_free(p);
     }
 };
@@ -356,6 +364,20 @@ inline void gpt_set_attention(GPT& model, const AttnConfig& attn) {
             model.attn_topk_capacity = attn.k;
         }
     }
+    if (attn.grad == AttnGrad::Stratified) {
+        const int grad_K = attn.head_size() + attn.grad_samples;
+        if (grad_K > model.attn_grad_list_capacity) {
+            if (model.attn_grad_idx) ops::device_free(model.attn_grad_idx);
+            if (model.attn_grad_logw) ops::device_free(model.attn_grad_logw);
+            model.attn_grad_idx = ops::device_alloc<int>(rows * grad_K);
+            model.attn_grad_logw = ops::device_alloc<float>(rows * grad_K);
+            model.attn_grad_list_capacity = grad_K;
+        }
+        if (!model.attn_grad_out) {
+            model.attn_grad_out = ops::device_alloc<float>((size_t)model.B * model.T * model.config.channels);
+            model.attn_grad_lse = ops::device_alloc<float>(rows);
+        }
+    }
     model.attn = attn;
 }
 
@@ -373,7 +395,8 @@ inline AttnLayerState attn_layer_state(const GPT& model, int l) {
 // Layer l's attention call at the step of the last forward.
 inline AttnLayerCall attn_layer_call(const GPT& model, int l) {
     return AttnLayerCall{model.attn, model.draw_step, model.draw_batch0, l, attn_layer_state(model, l),
-                         AttnScratch{model.attn_topk_scratch}};
+                         AttnScratch{model.attn_topk_scratch, model.attn_grad_idx, model.attn_grad_logw,
+                                     model.attn_grad_out, model.attn_grad_lse}};
 }
 
 // Builds the model from host parameters (llm.c order) and allocates

@@ -9,7 +9,9 @@
 //   kernels/cuda/tail_sampling.cuh     vs cpu::sample_tail_keys: identical idx and logw
 //                                      (bit for bit), with and without replacement, several
 //                                      seeds, batch0 0 and 2B + 1 (a call on later global
-//                                      batch rows), rows whose whole tail fits, unsorted heads;
+//                                      batch rows), rows whose whole tail fits, unsorted heads,
+//                                      the stratified backward's tail;
+//   kernels/cuda/forced_keys.cuh       vs cpu::add_forced_keys: identical lists;
 //   kernels/cuda/sparse_attention.cuh  vs cpu sparse attention, forward and backward (run
 //                                      twice, to check +=), lists from the CPU top-k and
 //                                      tail sampler, with and without logw, an empty list;
@@ -21,6 +23,7 @@
 // ulp over a few dozen O(1) terms). The index and the sampler must match exactly.
 #include "tests/cuda_test_util.h"  // first: it picks the build (emulator, or nvcc for the GPU)
 
+#include "kernels/cuda/forced_keys.cuh"
 #include "kernels/cuda/sparse_attention.cuh"
 #include "kernels/cuda/tail_sampling.cuh"
 #include "kernels/cuda/topk_index.cuh"
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/forced_keys.h"
 #include "kernels/cpu/sparse_attention.h"
 #include "kernels/cpu/tail_sampling.h"
 #include "kernels/cpu/topk_index.h"
@@ -104,27 +108,27 @@ struct Lists {
 };
 
 Lists cpu_tail(const vector<int>& wide, const Shape& s, int k, int m, bool with_replacement, uint64_t seed,
-               uint32_t step, int layer, int batch0) {
+               uint32_t step, int layer, int batch0, knngpt::DrawPurpose purpose = knngpt::DRAW_TAIL_POSITION) {
     Lists l{wide, vector<float>(wide.size(), 7.0f)};
     knngpt::cpu::sample_tail_keys(l.idx.data(), l.logw.data(), s.B, s.T, s.NH, k, m, with_replacement, seed, step,
-                                  layer, batch0);
+                                  layer, batch0, purpose);
     return l;
 }
 
 Lists cuda_tail(const vector<int>& wide, const Shape& s, int k, int m, bool with_replacement, uint64_t seed,
-                uint32_t step, int layer, int batch0) {
+                uint32_t step, int layer, int batch0, knngpt::DrawPurpose purpose = knngpt::DRAW_TAIL_POSITION) {
     DeviceArray<int> d_idx(wide);
     DeviceArray<float> d_logw(vector<float>(wide.size(), 7.0f));
     knngpt::cuda::sample_tail_keys(d_idx.ptr, d_logw.ptr, s.B, s.T, s.NH, k, m, with_replacement, seed, step, layer,
-                                   batch0);
+                                   batch0, purpose);
     return Lists{d_idx.to_host(), d_logw.to_host()};
 }
 
 void expect_same_tail(const vector<int>& wide, const Shape& s, int k, int m, bool with_replacement, uint64_t seed,
-                      uint32_t step = 3, int layer = 1) {
+                      uint32_t step = 3, int layer = 1, knngpt::DrawPurpose purpose = knngpt::DRAW_TAIL_POSITION) {
     for (int batch0 : {0, 2 * s.B + 1}) {
-        const Lists expected = cpu_tail(wide, s, k, m, with_replacement, seed, step, layer, batch0);
-        const Lists got = cuda_tail(wide, s, k, m, with_replacement, seed, step, layer, batch0);
+        const Lists expected = cpu_tail(wide, s, k, m, with_replacement, seed, step, layer, batch0, purpose);
+        const Lists got = cuda_tail(wide, s, k, m, with_replacement, seed, step, layer, batch0, purpose);
         size_t idx_mismatches = 0, logw_mismatches = 0;
         for (size_t x = 0; x < got.idx.size(); x++) {
             idx_mismatches += got.idx[x] != expected.idx[x];
@@ -331,6 +335,36 @@ CUDA_TEST(CudaTailSampling, MatchesCpuOnUnsortedHeadsWithHoles) {
     }
     for (uint64_t seed : {5ull, 6ull})
         for (bool with_replacement : {false, true}) expect_same_tail(wide, s, k, m, with_replacement, seed, 0, 0);
+}
+
+// The stratified backward's tail (DRAW_GRADIENT_TAIL): the CPU's keys, and not the
+// forward's (DRAW_TAIL_POSITION) at the same site.
+CUDA_TEST(CudaTailSampling, GradientTailMatchesCpuAndIsNotTheForwardTail) {
+    const Shape s{2, 33, 24, 3};
+    const int k = 4, m = 6;
+    const vector<int> wide = widen(brute_topk(attention_qkv(s, 17), s, k), s, k, m);
+    expect_same_tail(wide, s, k, m, false, 77, 3, 1, knngpt::DRAW_GRADIENT_TAIL);
+    EXPECT_NE(cpu_tail(wide, s, k, m, false, 77, 3, 1, 0, knngpt::DRAW_GRADIENT_TAIL).idx,
+              cpu_tail(wide, s, k, m, false, 77, 3, 1, 0).idx);
+}
+
+// ---------------------------------------------------------------------------
+// forced keys: the local window and the attention sinks
+// ---------------------------------------------------------------------------
+
+CUDA_TEST(CudaForcedKeys, MatchesCpu) {
+    const Shape s{2, 37, 24, 3};
+    const vector<float> qkv = attention_qkv(s, 19);
+    for (int k : {1, 6})
+        for (const auto& [window, sinks] : std::vector<std::pair<int, int>>{{0, 0}, {5, 0}, {0, 3}, {4, 2}, {40, 40}}) {
+            const vector<int> topk = brute_topk(qkv, s, k);
+            const int K = k + window + sinks + 1;
+            vector<int> want(s.idx_size(K), 12345);
+            knngpt::cpu::add_forced_keys(want.data(), K, topk.data(), k, s.B, s.T, s.NH, window, sinks);
+            DeviceArray<int> d_topk(topk), d_lists(vector<int>(s.idx_size(K), 12345));
+            knngpt::cuda::add_forced_keys(d_lists.ptr, K, d_topk.ptr, k, s.B, s.T, s.NH, window, sinks);
+            EXPECT_EQ(d_lists.to_host(), want) << "k " << k << " window " << window << " sinks " << sinks;
+        }
 }
 
 // ---------------------------------------------------------------------------

@@ -171,6 +171,17 @@ TEST_F(CudaTrainer, KnnTailAttentionMatchesCpuTrainer) {
     expect_same_run(" --attn knn-tail --attn-k 4 --attn-tail 3 --attn-seed 5");
 }
 
+// The local window and the sinks in the lists (kernels/common/forced_keys.h), and the
+// stratified backward (its own tail draws, the same in both builds).
+TEST_F(CudaTrainer, ForcedKeysAndStratifiedGradientMatchCpuTrainer) {
+    expect_same_run(" --attn knn --attn-k 3 --attn-window 4 --attn-sinks 2");
+    expect_same_resumed_step(" --attn knn --attn-k 4 --attn-grad stratified --attn-grad-samples 3 --attn-seed 23", "24");
+    expect_same_resumed_step(
+        " --attn knn-tail --attn-k 3 --attn-tail 2 --attn-window 2 --attn-grad stratified --attn-grad-samples 4 "
+        "--attn-seed 25",
+        "26");
+}
+
 // The sampled backward (samples from the exact row): the same Philox draws in
 // both builds, so the same samples and the same step.
 TEST_F(CudaTrainer, SampledGradientMatchesCpuTrainer) {

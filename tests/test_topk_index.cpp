@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/forced_keys.h"
 #include "kernels/cpu/topk_index.h"
 #include "tests/attention_test_util.h"
 #include "tests/test_util.h"
@@ -1592,6 +1593,37 @@ TEST(TopkProbe, ScoredKeysKeepTheTopKOfEveryKeyOffered) {
         cand.write(got.data());
         reference.write_sorted(want.data());
         ASSERT_EQ(got, want) << "trial " << trial << " k=" << k << " n=" << n;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// forced keys: the local window and the attention sinks joined to the top k
+
+TEST(ForcedKeys, EachRowIsTheSortedUnionOfItsTopKItsSinksAndItsWindow) {
+    for (int T : {1, 5, 40, 130}) {
+        const Shape s{2, T, 16, 2};
+        const vector<float> qkv = uniform_qkv(s, 60 + T);
+        for (int k : {1, 4, 16})
+            for (const auto& [window, sinks] : std::vector<std::pair<int, int>>{
+                     {0, 0}, {3, 0}, {0, 2}, {4, 3}, {1, 1}, {20, 20}, {T + 3, 1}}) {
+                const vector<int> topk = run_brute(qkv, s, k);
+                const int K = k + window + sinks + 2;  // a wider row: its last slots must stay as they were
+                vector<int> lists(s.idx_size(K), -7);
+                cpu::add_forced_keys(lists.data(), K, topk.data(), k, s.B, s.T, s.NH, window, sinks);
+                for (size_t row = 0; row < s.rows(); row++) {
+                    const int i = (int)(row % T);
+                    std::set<int> keys;
+                    for (int t = 0; t < k; t++)
+                        if (topk[row * k + t] >= 0) keys.insert(topk[row * k + t]);
+                    for (int j = 0; j < std::min(sinks, i + 1); j++) keys.insert(j);
+                    for (int j = std::max(0, i - window + 1); j <= i; j++) keys.insert(j);
+                    vector<int> want(keys.begin(), keys.end());
+                    want.resize(k + window + sinks, -1);
+                    want.insert(want.end(), {-7, -7});
+                    ASSERT_EQ(vector<int>(lists.begin() + row * K, lists.begin() + (row + 1) * K), want)
+                        << "T " << T << " k " << k << " window " << window << " sinks " << sinks << " i " << i;
+                }
+            }
     }
 }
 

@@ -176,7 +176,7 @@ TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
                              "--eps", "--grad-clip", "--tokenizer", "--attn-k", "--attn-tail", "--attn-index",
                              "--attn-grad", "--attn-grad-samples", "--attn-grad-source", "--attn-grad-dv",
                              "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-seed", "--attn-eval",
-                             "--attn-warmup", "--attn-kmv-threshold", "--attn-kmv-levels", "--attn-kmv-alpha",
+                             "--attn-warmup", "--attn-window", "--attn-sinks", "--attn-kmv-threshold", "--attn-kmv-levels", "--attn-kmv-alpha",
                              "--eval-only", "--gpt2-vocab", "--prompt", "--prompt-file", "-z", "-pi", "-pn", "-pr",
                              "-pg", "-ps", "-pp"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
@@ -193,18 +193,18 @@ TEST_F(Trainer, KnnWithKAtLeastTTrainsLikeExactFor20Steps) {
     RunResult exact = run(base() + " -x 20 --attn exact", tmp);
     RunResult knn = run(base() + " -x 20 --attn knn --attn-k 32", tmp);
     RunResult knn_ivf = run(base() + " -x 20 --attn knn --attn-k 40 --attn-index ivf", tmp);
-    ASSERT_EQ(exact.exit_code, 0) << exact.err;
-    ASSERT_EQ(knn.exit_code, 0) << knn.err;
-    ASSERT_EQ(knn_ivf.exit_code, 0) << knn_ivf.err;
-    auto a = step_losses(exact.out), b = step_losses(knn.out), c = step_losses(knn_ivf.out);
-    ASSERT_EQ(a.size(), 20u);
-    ASSERT_EQ(b.size(), 20u);
-    ASSERT_EQ(c.size(), 20u);
+    // a window of every key (and a sink) leaves nothing for k = 1 to choose
+    RunResult window = run(base() + " -x 20 --attn knn --attn-k 1 --attn-window 32 --attn-sinks 1", tmp);
+    auto a = step_losses(exact.out);
+    ASSERT_EQ(a.size(), 20u) << exact.err;
     // the sparse kernel sums in another order than the flash kernel: fp32 rounding only
-    for (int i = 0; i < 20; i++) {
-        EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 2e-5 * std::stod(a[i])) << "step " << i + 1;
-        EXPECT_NEAR(std::stod(c[i]), std::stod(a[i]), 2e-5 * std::stod(a[i])) << "step " << i + 1;
+    for (const RunResult* r : {&knn, &knn_ivf, &window}) {
+        ASSERT_EQ(r->exit_code, 0) << r->err;
+        auto b = step_losses(r->out);
+        ASSERT_EQ(b.size(), 20u);
+        for (int i = 0; i < 20; i++) EXPECT_NEAR(std::stod(b[i]), std::stod(a[i]), 2e-5 * std::stod(a[i])) << "step " << i + 1;
     }
+
 }
 
 // A retired index stops the run with one line naming its replacement; an experimental
@@ -249,6 +249,10 @@ TEST_F(Trainer, EveryAttentionModeTrains) {
         {"--attn kmv --attn-k 4 --attn-tail 4 --attn-kmv-threshold relative --attn-kmv-levels 4 --attn-kmv-alpha 1",
          "threshold relative levels 4 alpha 1,"},
         {"--attn exact --attn-grad sampled --attn-grad-samples 8", "exact, grad sampled s 8 exact-row"},
+        {"--attn knn --attn-k 4 --attn-grad stratified --attn-grad-samples 4", "knn k 4 index brute, grad stratified m 4"},
+        {"--attn knn --attn-k 4 --attn-window 4 --attn-sinks 1", "knn k 4 index brute window 4 sinks 1, grad exact"},
+        {"--attn knn-tail --attn-k 4 --attn-tail 4 --attn-window 2 --attn-grad stratified",
+         "knn-tail k 4 index brute window 2 tail 4, grad stratified m 16"},
         {"--attn knn --attn-k 4 --attn-grad sampled --attn-grad-dv signed", "lazy-gumbel signed-dv"},
     };
     for (const auto& [flags, description] : modes) {
@@ -270,15 +274,16 @@ TEST_F(Trainer, SameAttentionSeedSameRunAnotherSeedAnotherRun) {
 }
 
 TEST_F(Trainer, AttnEvalReportsValidationLossUnderOtherSettings) {
-    RunResult r = run(base() + " -x 3 --attn-eval exact,knn:k=4,knn-tail:k=4:m=4,knn:k=32", tmp);
+    RunResult r = run(base() + " -x 3 --attn-eval exact,knn:k=4,knn-tail:k=4:m=4,knn:k=32,knn:k=1:w=32:sinks=1", tmp);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::regex line(R"(val loss ([0-9.]+) \| perplexity [0-9.]+ \| step 3(?: \| attention (\S+))?)");
     std::map<std::string, double> losses;
     for (std::sregex_iterator it(r.out.begin(), r.out.end(), line), end; it != end; ++it)
         losses[(*it)[2].matched ? (*it)[2].str() : "trained"] = std::stod((*it)[1]);
-    ASSERT_EQ(losses.size(), 5u) << r.out;
+    ASSERT_EQ(losses.size(), 6u) << r.out;
     EXPECT_NEAR(losses["exact"], losses["trained"], 1e-6);         // trained with exact
     EXPECT_NEAR(losses["knn:k=32"], losses["trained"], 1e-4);      // k >= T is exact
+    EXPECT_NEAR(losses["knn:k=1:w=32:sinks=1"], losses["trained"], 1e-4);  // a window of every key too
     EXPECT_NE(losses["knn:k=4"], losses["trained"]);
 }
 
@@ -418,6 +423,11 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
         {"--attn knn --attn-index heavy --attn-grad sampled", "not heavy"},
         {"--attn knn --attn-index ivf --attn-grad sampled", "not ivf"},
         {"--attn-grad sampled --attn-grad-samples 0", "--attn-grad-samples must be >= 1"},
+        {"--attn knn --attn-window -1", "--attn-window and --attn-sinks must be >= 0"},
+        {"--attn exact --attn-sinks 2", "--attn-window and --attn-sinks need --attn knn or knn-tail"},
+        {"--attn knn --attn-window 4 --attn-grad sampled", "do not combine with --attn-grad sampled"},
+        {"--attn exact --attn-grad stratified", "--attn-grad stratified needs --attn knn or knn-tail"},
+        {"--attn-eval knn:w=x", "--attn-eval w: expected an integer"},
         {"--attn-k x", "--attn-k: expected an integer"},
         {"--attn-eval knn:q=3", "unknown field 'q'"},
         {"--attn-eval fancy", "unknown attention mode 'fancy'"},

@@ -184,7 +184,8 @@ AttnConfig attn_config(AttnMode m, TopkIndex index, int k, int tail, AttnGrad gr
 
 // the modes at top-k size k, s gradient samples, exact first: knn with every index of the
 // registry (model/attention_registry.h), then each other forward on the exact index, then
-// the sampled gradients after the exact and the knn forward
+// the sampled gradients after the exact and the knn forward, and the stratified backward
+// after knn with m = k tail keys
 std::vector<Mode> all_modes(int k, int s) {
     const TopkIndex exact_index = TopkIndex::Brute;
     auto mode = [&](const std::string& name, AttnMode m, TopkIndex index, int tail, AttnGrad grad) {
@@ -199,6 +200,8 @@ std::vector<Mode> all_modes(int k, int s) {
     modes.push_back(mode("kmv", AttnMode::Kmv, exact_index, k, AttnGrad::Exact));
     modes.push_back(mode("exact+sampled-grad", AttnMode::Exact, exact_index, 0, AttnGrad::Sampled));
     modes.push_back(mode("knn+sampled-grad", AttnMode::Knn, exact_index, 0, AttnGrad::Sampled));
+    modes.push_back(mode("knn+stratified-grad", AttnMode::Knn, exact_index, 0, AttnGrad::Stratified));
+    modes.back().cfg.grad_samples = k;  // m = k tail keys a row
     // exact, and the exact-row samples: no top-k
     for (Mode& m : modes) m.k_dependent = m.name != "exact" && m.name != "exact+sampled-grad";
     return modes;
@@ -211,6 +214,7 @@ std::string mode_detail(const AttnConfig& c) {
     if (c.mode == AttnMode::Gumbel)
         d += std::to_string(c.gumbel_groups) + "x" + std::to_string(c.gumbel_samples);
     if (c.grad == AttnGrad::Sampled) d += (d.empty() ? "s " : ", s ") + std::to_string(c.grad_samples);
+    if (c.grad == AttnGrad::Stratified) d += (d.empty() ? "m " : ", m ") + std::to_string(c.grad_samples);
     return d;
 }
 
@@ -274,8 +278,12 @@ Result run_mode(const AttnConfig& cfg, const Inputs& in, const Reference& ref, i
     const int K = std::max(cfg.list_size(), 1);
     std::vector<int> idx(rows * K, -1), topk(rows * std::max(cfg.k, 1));
     std::vector<float> logw(rows * K), out((size_t)T * C), lse(rows), dqkv(in.qkv.size());
+    // the stratified backward's scratch: its lists, and its estimates of the output and lse
+    const size_t grad_K = cfg.grad == AttnGrad::Stratified ? cfg.head_size() + cfg.grad_samples : 0;
+    std::vector<int> grad_idx(rows * grad_K);
+    std::vector<float> grad_logw(rows * grad_K), grad_out(grad_K ? out.size() : 0), grad_lse(grad_K ? rows : 0);
     const AttnLayerCall call{cfg, 0, 0, 0, AttnLayerState{idx.data(), logw.data(), cfg.list_size()},
-                             AttnScratch{topk.data()}};
+                             AttnScratch{topk.data(), grad_idx.data(), grad_logw.data(), grad_out.data(), grad_lse.data()}};
     Result r;
     if (predicted_fwd_ms > max_call_ms) {
         r.note = "forward and backward skipped: forward predicted " + fmt("%.1f", predicted_fwd_ms / 1000) +

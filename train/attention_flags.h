@@ -21,6 +21,8 @@ struct AttnFlags {
     int k = 16;                          // --attn-k
     int tail = 0;                        // --attn-tail
     std::string index = "brute";         // --attn-index
+    int window = 0;                      // --attn-window
+    int sinks = 0;                       // --attn-sinks
     std::string grad = "exact";          // --attn-grad
     int grad_samples = 16;               // --attn-grad-samples
     std::string grad_source = "auto";    // --attn-grad-source
@@ -81,12 +83,16 @@ inline std::string attention_help(bool experimental) {
         s += help_entry("  --attn-index I", "the top-k search (default brute):");
         for (const TopkIndexInfo& i : kTopkIndexes)
             if (i.tier == tier) s += help_entry(std::string("    ") + i.name, i.help);
+        s += help_entry("  --attn-window W", "knn and knn-tail lists also hold the W most recent keys i - W + 1 .. i "
+                                             "(the local window; default 0)");
+        s += help_entry("  --attn-sinks S", "knn and knn-tail lists also hold the first S keys (attention sinks; "
+                                            "default 0)");
         s += help_entry("  --attn-warmup N", "exact attention (forward and gradient) for the first N steps, then the "
                                              "--attn settings (default 0); validations and samples always run the "
                                              "--attn settings");
         s += help_entry("  --attn-seed N", "seed of every attention random draw (Philox; default 0)");
         s += help_entry("  --attn-eval LIST", "also report the validation loss under other attention settings, a "
-                                              "comma-separated list of MODE[:k=K][:m=M][:index=I] (e.g. "
+                                              "comma-separated list of MODE[:k=K][:m=M][:index=I][:w=W][:sinks=S] (e.g. "
                                               "exact,knn:k=8,knn-tail:k=8:m=8)");
         return s;
     }
@@ -101,7 +107,8 @@ inline std::string attention_help(bool experimental) {
         if (g.tier == tier)
             s += help_entry(std::string("  --attn-grad ") + g.name,
                             std::string(g.help) + ", instead of exact (the default). " + g.verdict);
-    s += help_entry("  --attn-grad-samples S", "samples per query for --attn-grad sampled (default 16)");
+    s += help_entry("  --attn-grad-samples S", "samples per query of --attn-grad sampled, tail keys per query of "
+                                               "--attn-grad stratified (default 16)");
     s += help_entry("  --attn-grad-source SRC", "where gradient samples come from: auto (lazy Gumbel on the top-k "
                                                 "set when the forward has one, else the exact row), exact-row, "
                                                 "lazy-gumbel (default auto)");
@@ -214,6 +221,19 @@ inline void check_attn_config(const AttnConfig& a) {
                                      attn_mode_name(a.mode) + ")");
         case AttnProblem::GradSamplesBelowOne:
             throw std::runtime_error("--attn-grad-samples must be >= 1, got " + std::to_string(a.grad_samples));
+        case AttnProblem::ForcedKeysNegative:
+            throw std::runtime_error("--attn-window and --attn-sinks must be >= 0, got " + std::to_string(a.window) +
+                                     " and " + std::to_string(a.sinks));
+        case AttnProblem::ForcedKeysWithoutKnn:
+            throw std::runtime_error(std::string("--attn-window and --attn-sinks need --attn knn or knn-tail (the mode "
+                                                 "is ") +
+                                     attn_mode_name(a.mode) + ")");
+        case AttnProblem::ForcedKeysWithSampledGrad:
+            throw std::runtime_error("--attn-window and --attn-sinks do not combine with --attn-grad sampled (its lazy "
+                                     "Gumbel samples need lists that are the top k)");
+        case AttnProblem::StratifiedWithoutKnn:
+            throw std::runtime_error(std::string("--attn-grad stratified needs --attn knn or knn-tail (the mode is ") +
+                                     attn_mode_name(a.mode) + ")");
         case AttnProblem::GumbelCountsBelowOne:
             throw std::runtime_error("--attn-gumbel-groups and --attn-gumbel-samples must be >= 1");
         case AttnProblem::LazyGumbelNeedsExactIndex:
@@ -238,6 +258,8 @@ inline AttnConfig attn_config_from_flags(const AttnFlags& f) {
     a.k = f.k;
     a.tail = f.tail;
     a.index = parse_attn_index(f.index);
+    a.window = f.window;
+    a.sinks = f.sinks;
     a.grad = parse_attn_grad(f.grad);
     a.grad_samples = f.grad_samples;
     a.grad_source = parse_attn_grad_source(f.grad_source);
@@ -252,7 +274,7 @@ inline AttnConfig attn_config_from_flags(const AttnFlags& f) {
     return a;
 }
 
-// --attn-eval: MODE[:k=K][:m=M][:index=I], comma separated; unspecified fields
+// --attn-eval: MODE[:k=K][:m=M][:index=I][:w=W][:sinks=S], comma separated; unspecified fields
 // come from the training settings. (The forward only: the gradient settings do
 // not matter for a validation loss.)
 inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std::string& list, const AttnConfig& base) {
@@ -268,6 +290,7 @@ inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std
         size_t colon = spec.find(':');
         a.mode = parse_attn_mode(spec.substr(0, colon));
         if (a.mode != AttnMode::KnnTail && a.mode != AttnMode::Kmv) a.tail = 0;
+        if (a.mode != AttnMode::Knn && a.mode != AttnMode::KnnTail) a.window = 0, a.sinks = 0;
         if (a.mode != AttnMode::Kmv) a.kmv_threshold = KmvThreshold::Absolute, a.kmv_levels = 1, a.kmv_alpha = kKmvDefaultAlpha;
         if (a.mode == AttnMode::Gumbel) a.grad = AttnGrad::Sampled;  // validation needs a gradient mode it has
         while (colon != std::string::npos) {
@@ -280,7 +303,9 @@ inline std::vector<std::pair<std::string, AttnConfig>> parse_attn_eval(const std
             if (key == "k") a.k = (int)parse_flag_long("--attn-eval k", value.c_str());
             else if (key == "m") a.tail = (int)parse_flag_long("--attn-eval m", value.c_str());
             else if (key == "index") a.index = parse_attn_index(value);
-            else throw std::runtime_error("--attn-eval: unknown field '" + key + "' (known: k, m, index)");
+            else if (key == "w") a.window = (int)parse_flag_long("--attn-eval w", value.c_str());
+            else if (key == "sinks") a.sinks = (int)parse_flag_long("--attn-eval sinks", value.c_str());
+            else throw std::runtime_error("--attn-eval: unknown field '" + key + "' (known: k, m, index, w, sinks)");
         }
         check_attn_config(a);
         out.push_back({spec, a});

@@ -298,6 +298,7 @@ static Options parse_args(int argc, char** argv) {
         {"--tokenizer", text(&o.tokenizer)}, {"--gpt2-vocab", text(&o.gpt2_vocab)},
         {"--prompt", text(&o.prompt)}, {"--prompt-file", text(&o.prompt_file)}, {"--attn", text(&o.attn.mode)}, {"--attn-k", integer(&o.attn.k)},
         {"--attn-tail", integer(&o.attn.tail)}, {"--attn-index", text(&o.attn.index)},
+        {"--attn-window", integer(&o.attn.window)}, {"--attn-sinks", integer(&o.attn.sinks)},
         {"--attn-grad", text(&o.attn.grad)}, {"--attn-grad-samples", integer(&o.attn.grad_samples)},
         {"--attn-grad-source", text(&o.attn.grad_source)}, {"--attn-grad-dv", text(&o.attn.grad_dv)},
         {"--attn-gumbel-groups", integer(&o.attn.gumbel_groups)},

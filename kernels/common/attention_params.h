@@ -18,7 +18,7 @@
 namespace knngpt {
 
 enum class AttnMode { Exact, Knn, KnnTail, Gumbel, Kmv };
-enum class AttnGrad { Exact, Sampled };
+enum class AttnGrad { Exact, Sampled, Stratified };  // numbered as stored in checkpoints
 
 // The value is the id a checkpoint stores; the ids between (1, 3, 4) belonged to indexes
 // since retired, which model/attention_registry.h maps to their replacements.

@@ -28,6 +28,8 @@ namespace knngpt {
 //                   numbers sampled_grad_sample_number, so the backward's samples
 //                   are fresh (§9.1)
 //   DRAW_TAIL_POSITION    index t: tail sample t of a knn-tail row
+//   DRAW_GRADIENT_TAIL    index t: tail sample t of a row of the stratified backward
+//                         (fresh keys, apart from the forward's tail)
 //   DRAW_GRADIENT_SAMPLE  index m < kWalkStartDrawIndex: exact-row backward sample m
 //                         of a row; kWalkStartDrawIndex + c N + n at the head's site:
 //                         the start of signed-start walk n of column c (N = T s)
@@ -43,6 +45,7 @@ enum DrawPurpose : uint32_t {
     DRAW_GRADIENT_SAMPLE = 4,   // sampled attention gradients
     DRAW_HASH = 5,              // LSH hyperplanes, KMV hash functions
     DRAW_LIGHT_SAMPLE = 6,      // KMV light-part samples
+    DRAW_GRADIENT_TAIL = 7,     // uniform tail keys of the stratified backward
 };
 
 // step: the trainer's call, in three namespaces that never meet

@@ -16,6 +16,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/classifier.h"
 #include "kernels/cpu/encoder.h"
+#include "kernels/cpu/forced_keys.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/global_norm.h"
 #include "kernels/cpu/gumbel_attention.h"

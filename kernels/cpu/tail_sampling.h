@@ -16,7 +16,8 @@
 //
 // Twin: kernels/cuda/tail_sampling.cuh, the same draws bit for bit. Draw t of query i of
 // (b, h) is word 0 of draw index t at the row's site row_draw_site(.., batch0 + b, T, i),
-// purpose DRAW_TAIL_POSITION (kernels/common/draws.h; batch0: the global batch row of
+// purpose DRAW_TAIL_POSITION, or DRAW_GRADIENT_TAIL for the stratified backward's tail
+// (kernels/common/draws.h; batch0: the global batch row of
 // local row 0). A draw is a tail position p in [0, |R_i|), mapped to its key by skipping
 // the sorted head: key(p) = p + #{r : S_i[r] - r <= p}. With replacement
 // p_t = uniform_below(word_t, |R_i|); without, Floyd's algorithm (§3.4): with
@@ -37,10 +38,10 @@
 
 namespace knngpt::cpu {
 
-// Word 0 of draws 0..m-1 of the row's DRAW_TAIL_POSITION stream. A loop of its own,
-// apart from the sequential use below, so that the compiler vectorises Philox across draws.
-inline void tail_position_words(uint32_t* words, const DrawSite& site, int m) {
-    for (int t = 0; t < m; t++) words[t] = philox_draw(site, DRAW_TAIL_POSITION, (uint32_t)t).x[0];
+// Word 0 of draws 0..m-1 of the row's stream of `purpose`. A loop of its own, apart from
+// the sequential use below, so that the compiler vectorises Philox across draws.
+inline void tail_position_words(uint32_t* words, const DrawSite& site, DrawPurpose purpose, int m) {
+    for (int t = 0; t < m; t++) words[t] = philox_draw(site, purpose, (uint32_t)t).x[0];
 }
 
 // m tail positions in [0, tail_size), drawn independently from words[0..m), in draw order.
@@ -89,7 +90,8 @@ inline int tail_position_to_key(uint32_t p, const int* head_gap, int n_head) {
 }
 
 inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k, int m, bool with_replacement,
-                             uint64_t seed, uint32_t step, int layer, int batch0) {
+                             uint64_t seed, uint32_t step, int layer, int batch0,
+                             DrawPurpose purpose = DRAW_TAIL_POSITION) {
     if (batch0 < 0 || !draw_rows_fit((long long)batch0 + B, T))
         throw std::invalid_argument("kernels/cpu/tail_sampling.h: need batch0 >= 0 and (batch0 + B) * T <= 2^32 "
                                     "draw rows");
@@ -135,7 +137,7 @@ inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k,
                         continue;
                     }
                     const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
-                    tail_position_words(words.data(), site, m);
+                    tail_position_words(words.data(), site, purpose, m);
                     if (with_replacement)
                         tail_positions_with_replacement(positions.data(), words.data(), m, (uint32_t)tail_size);
                     else

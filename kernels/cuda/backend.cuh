@@ -35,6 +35,7 @@
 #include "kernels/cuda/bf16_parameters.cuh"
 #include "kernels/cuda/classifier.cuh"
 #include "kernels/cuda/encoder.cuh"
+#include "kernels/cuda/forced_keys.cuh"
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/global_norm.cuh"
 #include "kernels/cuda/gumbel_attention.cuh"

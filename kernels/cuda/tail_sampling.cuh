@@ -8,7 +8,8 @@
 //     |R_i| <= m  the whole tail in ascending order, logw 0, then -1 (logw 0);
 //     |R_i| >  m  m draws, each with logw = log(|R_i| / m): positions p in [0, |R_i|)
 //                 from the Philox stream {seed, step, layer * NH + h, (batch0 + b) * T + i},
-//                 purpose DRAW_TAIL_POSITION, draw t = word 0 of draw index t;
+//                 purpose DRAW_TAIL_POSITION (the stratified backward: DRAW_GRADIENT_TAIL),
+//                 draw t = word 0 of draw index t;
 //                 with replacement p_t = uniform_below(w_t, |R_i|); without, Floyd's
 //                 algorithm: top_t = |R_i| - m + t, u_t = uniform_below(w_t, top_t + 1),
 //                 p_t = u_t unless u_t was drawn before, then top_t. A position maps
@@ -74,7 +75,7 @@ __device__ __forceinline__ int tail_position_to_key_device(int p, const int* hea
 
 __global__ void sample_tail_keys_kernel(int* idx, float* logw, int B, int T, int NH, int k, int m,
                                         bool with_replacement, uint64_t seed, uint32_t step, int layer,
-                                        int batch0) {
+                                        int batch0, uint32_t purpose) {
     const int row = blockIdx.x * blockDim.x + threadIdx.x;  // (b * NH + h) * T + i
     if (row >= B * NH * T) return;
     const int i = row % T;
@@ -113,7 +114,7 @@ __global__ void sample_tail_keys_kernel(int* idx, float* logw, int B, int T, int
     // positions p_t in draw order, kept in the tail slots for Floyd's check
     const DrawSite site = row_draw_site(seed, step, layer, NH, h, batch0 + b, T, i);
     for (int t = 0; t < m; t++) {
-        const uint32_t word = philox_draw(site, DRAW_TAIL_POSITION, (uint32_t)t).x[0];
+        const uint32_t word = philox_draw(site, purpose, (uint32_t)t).x[0];
         uint32_t p;
         if (with_replacement) {
             p = uniform_below(word, (uint32_t)tail_size);
@@ -139,7 +140,8 @@ __global__ void sample_tail_keys_kernel(int* idx, float* logw, int B, int T, int
 // ---- host launcher --------------------------------------------------------------
 
 inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k, int m, bool with_replacement,
-                             uint64_t seed, uint32_t step, int layer, int batch0) {
+                             uint64_t seed, uint32_t step, int layer, int batch0,
+                             DrawPurpose purpose = DRAW_TAIL_POSITION) {
     if (k < 0 || m < 0) {
         std::fprintf(stderr, "sample_tail_keys: need k >= 0 and m >= 0 (got k=%d m=%d)\n", k, m);
         std::exit(1);
@@ -152,7 +154,7 @@ inline void sample_tail_keys(int* idx, float* logw, int B, int T, int NH, int k,
     const int rows = B * NH * T;
     if (rows == 0) return;
     launch(sample_tail_keys_kernel, ceil_div(rows, kTailThreads), kTailThreads, 0, nullptr, idx, logw, B, T, NH, k,
-           m, with_replacement, seed, step, layer, batch0);
+           m, with_replacement, seed, step, layer, batch0, (uint32_t)purpose);
 }
 
 }  // namespace knngpt::cuda
