@@ -124,7 +124,8 @@ inline const AttnGradInfo kAttnGrads[] = {
     {AttnGrad::Stratified, "stratified", Tier::Experimental,
      "after knn or knn-tail: exact attention's gradient from the list's head exactly and m up-weighted uniform "
      "tail keys (--attn-grad-samples M)",
-     "not yet measured in training"},
+     "knn + stratified +0.47 nats at T = 1024 against knn alone's +0.45; its tail samples add more variance than "
+     "the head's bias they remove"},
 };
 
 // ---- lookups -------------------------------------------------------------------------

@@ -353,7 +353,7 @@ TEST_F(CompareAttention, PlotsArePngFiles) {
     ASSERT_EQ(std::system(("cp -r " + out + " " + copy).c_str()), 0);
     RunResult r = run_with_threads(command(text, copy, kSettings), 1, *tmp);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    for (const char* name : {"loss_curves.png", "cross_eval.png", "meter_exact_s1337_error.png", "meter_exact_s1337_mass.png",
+    for (const char* name : {"loss_curves.png", "gap_curves.png", "cross_eval.png", "meter_exact_s1337_error.png", "meter_exact_s1337_mass.png",
                              "meter_exact_s1337_c.png", "meter_exact_s1337_c_vs_T.png", "meter_knn_k=4_s1337_error.png",
                              "meter_knn_k=16_s1337_c_vs_T.png"})
         EXPECT_TRUE(is_png(slurp(copy + "/" + name))) << name << " is not a PNG file";

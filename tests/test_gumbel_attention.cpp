@@ -25,6 +25,8 @@ using namespace knngpt;
 using namespace knngpt::cpu;
 
 using knngpt_test::naive_causal_topk;
+using knngpt_test::mean_and_stderr;
+using knngpt_test::RunningMoments;
 
 namespace {
 
@@ -142,30 +144,6 @@ double expect_row_exact(const float* qkv, const int* topk, int T, int C, int NH,
     }
     if (draws_out) *draws_out = d;
     return chi.df >= 1 ? chi.statistic / chi_square_5_sigma(chi.df) : 0.0;
-}
-
-// Elementwise mean and standard error of a set of equally long vectors, accumulated one by one.
-struct RunningMoments {
-    std::vector<double> sum, sum2;
-    int count = 0;
-    explicit RunningMoments(size_t n) : sum(n, 0.0), sum2(n, 0.0) {}
-    void add(const float* x) {
-        for (size_t e = 0; e < sum.size(); e++) { sum[e] += x[e]; sum2[e] += (double)x[e] * x[e]; }
-        count++;
-    }
-    double mean(size_t e) const { return sum[e] / count; }
-    double stderr_of_mean(size_t e) const {
-        const double m = mean(e);
-        return std::sqrt(std::max(0.0, sum2[e] / count - m * m) / (count - 1));
-    }
-};
-
-// Mean and standard error of a list of numbers.
-void mean_and_stderr(const std::vector<double>& x, double* mean, double* se) {
-    double s = 0.0, s2 = 0.0;
-    for (double v : x) { s += v; s2 += v * v; }
-    *mean = s / x.size();
-    *se = std::sqrt(std::max(0.0, s2 / x.size() - *mean * *mean) / (x.size() - 1));
 }
 
 // The forward problem shared by the estimator tests.

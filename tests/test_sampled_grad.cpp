@@ -28,6 +28,8 @@ using namespace knngpt;
 using namespace knngpt::cpu;
 
 using knngpt_test::naive_causal_topk;
+using knngpt_test::mean_and_stderr;
+using knngpt_test::RunningMoments;
 
 namespace {
 
@@ -89,30 +91,6 @@ struct GradProblem {
         return m;
     }
 };
-
-// Elementwise mean and standard deviation over runs, accumulated one run at a time.
-struct RunningMoments {
-    std::vector<double> sum, sum2;
-    int count = 0;
-    explicit RunningMoments(size_t n) : sum(n, 0.0), sum2(n, 0.0) {}
-    void add(const std::vector<float>& x) {
-        for (size_t e = 0; e < sum.size(); e++) { sum[e] += x[e]; sum2[e] += (double)x[e] * x[e]; }
-        count++;
-    }
-    double mean(size_t e) const { return sum[e] / count; }
-    double sd(size_t e) const {
-        const double m = mean(e);
-        return std::sqrt(std::max(0.0, (sum2[e] / count - m * m) * count / (count - 1)));
-    }
-    double stderr_of_mean(size_t e) const { return sd(e) / std::sqrt((double)count); }
-};
-
-void mean_and_stderr(const std::vector<double>& x, double* mean, double* se) {
-    double s = 0.0, s2 = 0.0;
-    for (double v : x) { s += v; s2 += v * v; }
-    *mean = s / x.size();
-    *se = std::sqrt(std::max(0.0, s2 / x.size() - *mean * *mean) / (x.size() - 1));
-}
 
 // fp32 rounding allowance for entries whose estimate is (nearly) deterministic, e.g. dQ
 // of row 0 whose only key is key 0: far below every statistical bound elsewhere.

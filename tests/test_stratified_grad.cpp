@@ -36,6 +36,8 @@
 
 using namespace knngpt;
 using knngpt_test::AttentionShape;
+using knngpt_test::mean_and_stderr;
+using knngpt_test::RunningMoments;
 using knngpt_test::naive_causal_topk;
 
 namespace {
@@ -138,24 +140,8 @@ struct Problem {
     }
 };
 
-// Elementwise mean and the standard error of the mean, one run at a time.
-struct Moments {
-    std::vector<double> sum, sum2;
-    int count = 0;
-    explicit Moments(size_t n) : sum(n, 0.0), sum2(n, 0.0) {}
-    void add(const std::vector<float>& x) {
-        for (size_t e = 0; e < sum.size(); e++) sum[e] += x[e], sum2[e] += (double)x[e] * x[e];
-        count++;
-    }
-    double mean(size_t e) const { return sum[e] / count; }
-    double stderr_of_mean(size_t e) const {
-        const double m = mean(e);
-        return std::sqrt(std::max(0.0, (sum2[e] / count - m * m) / (count - 1)));
-    }
-};
-
 // The largest |mean - exact| / standard error over the elements whose estimate varies.
-double largest_z(const Moments& m, const Problem& p, double allowance) {
+double largest_z(const RunningMoments& m, const Problem& p, double allowance) {
     double worst = 0.0;
     for (size_t e = 0; e < p.size(); e++) {
         const double se = m.stderr_of_mean(e), diff = std::fabs(m.mean(e) - p.exact_dqkv[e]);
@@ -171,7 +157,7 @@ TEST(StratifiedGrad, WithTheTrueNormaliserTheMeanOverSeedsIsTheExactGradient) {
     const Problem p({2, 24, 8, 2}, 4, 2.0f, 2024);
     const int seeds = 1000, m = 4;
     const double allowance = 1e-5 * p.max_abs_exact();
-    Moments est(p.size()), mutant(p.size());
+    RunningMoments est(p.size()), mutant(p.size());
     for (int seed = 0; seed < seeds; seed++) {
         est.add(p.oracle(m, 1000 + seed));
         mutant.add(p.oracle(m, 1000 + seed, false));
@@ -188,13 +174,9 @@ TEST(StratifiedGrad, WithTheTrueNormaliserTheMeanOverSeedsIsTheExactGradient) {
 // The mean squared error over `seeds` runs of estimate(m, seed), and its standard error.
 template <class Estimate>
 void mse_over_seeds(const Problem& p, int m, int seeds, uint64_t first_seed, Estimate estimate, double* mse, double* se) {
-    double sum = 0.0, sum2 = 0.0;
-    for (int seed = 0; seed < seeds; seed++) {
-        const double x = p.sq_error(estimate(m, first_seed + seed));
-        sum += x, sum2 += x * x;
-    }
-    *mse = sum / seeds;
-    *se = std::sqrt(std::max(0.0, sum2 / seeds - *mse * *mse) / (seeds - 1));
+    std::vector<double> errors;
+    for (int seed = 0; seed < seeds; seed++) errors.push_back(p.sq_error(estimate(m, first_seed + seed)));
+    mean_and_stderr(errors, mse, se);
 }
 
 TEST(StratifiedGrad, ItsErrorFallsAsOneOverSqrtM) {

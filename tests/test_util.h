@@ -151,4 +151,31 @@ inline std::string build_dir() {
     return p ? std::string(p) : std::string("build");
 }
 
+// Elementwise mean, standard deviation and standard error of the mean over equally
+// long vectors (one estimator run each), accumulated one run at a time.
+struct RunningMoments {
+    std::vector<double> sum, sum2;
+    int count = 0;
+    explicit RunningMoments(size_t n) : sum(n, 0.0), sum2(n, 0.0) {}
+    void add(const float* x) {
+        for (size_t e = 0; e < sum.size(); e++) sum[e] += x[e], sum2[e] += (double)x[e] * x[e];
+        count++;
+    }
+    void add(const std::vector<float>& x) { add(x.data()); }
+    double mean(size_t e) const { return sum[e] / count; }
+    double sd(size_t e) const {
+        const double m = mean(e);
+        return std::sqrt(std::max(0.0, (sum2[e] / count - m * m) * count / (count - 1)));
+    }
+    double stderr_of_mean(size_t e) const { return sd(e) / std::sqrt((double)count); }
+};
+
+// Mean and standard error of a list of numbers.
+inline void mean_and_stderr(const std::vector<double>& x, double* mean, double* se) {
+    double s = 0.0, s2 = 0.0;
+    for (double v : x) s += v, s2 += v * v;
+    *mean = s / x.size();
+    *se = std::sqrt(std::max(0.0, s2 / x.size() - *mean * *mean) / (x.size() - 1));
+}
+
 }  // namespace knngpt_test

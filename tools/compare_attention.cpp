@@ -110,7 +110,8 @@ evaluates every trained model under every setting (the cross-evaluation matrix);
 Trainer flags the tool sets itself, and so refuses after `--`: -o, -y, --eval-only, --seed,
 --attn-seed; -e with --checkpoint; -i and -j with --text.
 Outputs in OUT: results.json, runs.csv, results.csv, matrix.csv, results.md,
-meters.csv, loss_curves.png, cross_eval.png, and per meter (setting, seed) meter_<name>_error.png,
+meters.csv, loss_curves.png, gap_curves.png (with exact among the settings: each setting's val
+loss minus exact's, paired by seed), cross_eval.png, and per meter (setting, seed) meter_<name>_error.png,
 _mass.png, _c.png, _c_vs_T.png; runs/<setting>_s<seed>/ holds each run's log and model, and
 its meter.json, meter.csv and meter.log.
 )";

@@ -9,7 +9,10 @@ writes OUT/loss_curves.png (train and val loss per setting: the mean over seeds
 and a band of ± one standard deviation; train losses averaged over windows of
 steps, as the summary holds them) and OUT/cross_eval.png (the cross-evaluation
 heatmap: mean val loss, trained with the row's setting, evaluated with the
-column's); and for every meter (model, seed) in results.json, or the one
+column's); where `--attn exact` is one of the settings, OUT/gap_curves.png (each other
+setting's val loss minus exact's at the same step of the same seed: the mean over the
+seeds that have both, and their range as a band); and for every meter (model, seed) in
+results.json, or the one
 METER.json, four plots OUT/meter_<name>_*.png (NAME, default "meter"):
   _error.png    relative l2 error of each mode against k, log-log, one panel per
                 layer: the mean over the layer's heads of each head's mean over rows
@@ -57,6 +60,42 @@ def plot_curves(training, path):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_gaps(db, path):
+    """each setting's val loss minus exact's, step by step, paired by seed; False if no exact run"""
+    exact = {r["seed"]: dict(zip(r["val_curve"]["step"], r["val_curve"]["loss"]))
+             for r in db["runs"] if r["setting"] == "--attn exact"}
+    if not exact:
+        return False
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for setting in dict.fromkeys(r["setting"] for r in db["runs"] if r["setting"] != "--attn exact"):
+        gaps = {}  # step -> the seeds' gaps
+        label = None
+        for r in db["runs"]:
+            if r["setting"] != setting or r["seed"] not in exact:
+                continue
+            label = r["label"]
+            for step, loss in zip(r["val_curve"]["step"], r["val_curve"]["loss"]):
+                if step in exact[r["seed"]]:
+                    gaps.setdefault(step, []).append(loss - exact[r["seed"]][step])
+        if not gaps:
+            continue
+        steps = sorted(gaps)
+        mean = [sum(gaps[s]) / len(gaps[s]) for s in steps]
+        (line,) = ax.plot(steps, mean, label=f"{label} ({max(len(g) for g in gaps.values())} seed(s))", linewidth=1.2)
+        ax.fill_between(steps, [min(gaps[s]) for s in steps], [max(gaps[s]) for s in steps], color=line.get_color(),
+                        alpha=0.2, linewidth=0)
+    ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("val loss − exact's (nats)")
+    ax.set_title("paired gap to exact attention: mean over seeds, band: their range")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 def plot_matrix(summary, path):
@@ -236,6 +275,7 @@ def main():
     out = sys.argv[2]
     if summary.get("training"):
         plot_curves(summary["training"], out + "/loss_curves.png")
+        plot_gaps(db, out + "/gap_curves.png")
     plot_matrix(summary, out + "/cross_eval.png")
     for m in db.get("meters", []):
         plot_meter(m["result"], out, m["name"])
