@@ -34,6 +34,7 @@
 
 #include "kernels/common/attention_score.h"
 #include "kernels/cpu/vector_math.h"
+#include "kernels/cpu/parallel.h"
 
 namespace knngpt::cpu {
 
@@ -53,7 +54,7 @@ inline void attention_forward(float* out, float* lse, const float* qkv, int B, i
     const int C3 = 3 * C;
     const float tau = attention_tau(HS);
     const int num_blocks = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
-    #pragma omp parallel
+    #pragma omp parallel if (parallel_pays((size_t)B * NH * T * T / 2 * HS))
     {
         // per-thread scratch: the block's scores, then its probabilities, (block, keys)
         std::vector<float> probs((size_t)kAttentionQueryBlock * T);
@@ -111,7 +112,7 @@ inline void attention_backward(float* dqkv, const float* dout, const float* qkv,
     const int C3 = 3 * C;
     const float tau = attention_tau(HS);
     const int num_blocks = (T + kAttentionQueryBlock - 1) / kAttentionQueryBlock;
-    #pragma omp parallel
+    #pragma omp parallel if (parallel_pays((size_t)B * NH * T * T / 2 * HS))
     {
         // per-thread scratch, (block, keys) each: P, and dP which becomes dS in place
         std::vector<float> probs((size_t)kAttentionQueryBlock * T);

@@ -20,6 +20,7 @@
 #include <cstddef>
 
 #include "kernels/cpu/vector_math.h"
+#include "kernels/cpu/parallel.h"
 
 namespace knngpt::cpu {
 
@@ -37,7 +38,7 @@ inline void softmax_row_stats(const float* row, int V, float* row_max, float* ex
 
 inline void crossentropy_forward(float* losses, const float* logits, const int* targets,
                                  int N, int V, int Vp) {
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * Vp))
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vp;
         float row_max, exp_sum;
@@ -52,7 +53,7 @@ inline void crossentropy_forward(float* losses, const float* logits, const int* 
 // losses == nullptr: dlogits only (crossentropy_softmax_backward).
 inline void crossentropy_fused(float* losses, float* dlogits, const float* logits, const int* targets,
                                float dloss, int N, int V, int Vp) {
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * Vp))
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vp;
         float* drow = dlogits + (size_t)n * Vp;

@@ -11,12 +11,13 @@
 #pragma once
 
 #include <cstddef>
+#include "kernels/cpu/parallel.h"
 
 namespace knngpt::cpu {
 
 inline void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe,
                             int B, int T, int C) {
-    #pragma omp parallel for collapse(2)
+    #pragma omp parallel for collapse(2) if (parallel_pays((size_t)B * T * C))
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             // seek to out[b,t,:], the token's row of wte and the position's row of wpe
@@ -33,7 +34,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
                              int B, int T, int C, int V) {
     (void)V;
     // dwpe: each position t is owned by one iteration, summing over the batch.
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)B * T * C))
     for (int t = 0; t < T; t++) {
         float* dwpe_row = dwpe + (size_t)t * C;
         for (int b = 0; b < B; b++) {
@@ -45,7 +46,7 @@ inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const 
     // Split the channels instead: each iteration owns a block of channels of
     // every dwte row and walks all tokens in order.
     const int channel_block = 64;
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)B * T * C))
     for (int c0 = 0; c0 < C; c0 += channel_block) {
         const int c1 = c0 + channel_block < C ? c0 + channel_block : C;
         for (size_t n = 0; n < (size_t)B * T; n++) {

@@ -13,12 +13,13 @@
 #include <cstddef>
 
 #include "kernels/common/gelu.h"
+#include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace knngpt::cpu {
 
 inline void gelu_forward(float* out, const float* inp, size_t N) {
-    #pragma omp parallel for simd
+    #pragma omp parallel for simd if (parallel_pays(N))
     for (size_t i = 0; i < N; i++) {
         const float x = inp[i];
         out[i] = gelu_from_tanh(x, tanh_vectorizable(gelu_tanh_argument(x)));
@@ -26,7 +27,7 @@ inline void gelu_forward(float* out, const float* inp, size_t N) {
 }
 
 inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
-    #pragma omp parallel for simd
+    #pragma omp parallel for simd if (parallel_pays(N))
     for (size_t i = 0; i < N; i++) {
         const float x = inp[i];
         dinp[i] += gelu_derivative_from_tanh(x, tanh_vectorizable(gelu_tanh_argument(x))) * dout[i];

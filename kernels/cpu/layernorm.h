@@ -19,12 +19,13 @@
 #include <cstddef>
 
 #include "kernels/common/layernorm.h"
+#include "kernels/cpu/parallel.h"
 
 namespace knngpt::cpu {
 
 inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C) {
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * C))
     for (int n = 0; n < N; n++) {
         // seek to row n
         const float* x = inp + (size_t)n * C;
@@ -51,7 +52,7 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int N, int C) {
     // dinp: every row is independent
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * C))
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
         const float* dy = dout + (size_t)n * C;
@@ -75,7 +76,7 @@ inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const 
     // dweight, dbias sum over rows: each iteration owns a block of channels
     // and walks every row, so no two threads write the same entry.
     const int channel_block = 64;
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * C))
     for (int c0 = 0; c0 < C; c0 += channel_block) {
         const int c1 = c0 + channel_block < C ? c0 + channel_block : C;
         for (int n = 0; n < N; n++) {

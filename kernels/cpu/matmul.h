@@ -23,6 +23,7 @@
 #include <cstddef>
 
 #include "kernels/cpu/gelu.h"
+#include "kernels/cpu/parallel.h"
 
 namespace knngpt::cpu {
 
@@ -80,7 +81,7 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
                 1.0f, inp, C, weight, C, 0.0f, out, OC);
     if (bias == nullptr) return;
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * OC))
     for (int n = 0; n < N; n++) {
         float* out_n = out + (size_t)n * OC;
         for (int o = 0; o < OC; o++) out_n[o] += bias[o];
@@ -110,7 +111,7 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     if (dbias == nullptr) return;
     // dbias: column sums of dout; each iteration owns a block of columns
     const int column_block = 64;
-    #pragma omp parallel for
+    #pragma omp parallel for if (parallel_pays((size_t)N * OC))
     for (int o0 = 0; o0 < OC; o0 += column_block) {
         const int o1 = o0 + column_block < OC ? o0 + column_block : OC;
         for (int n = 0; n < N; n++) {
