@@ -12,8 +12,9 @@
 //   -pi mpi   (default under mpirun / srun with PMIx) MPI_Bcast from rank 0
 //   -pi fs    rank 0 writes it to DIR/ncclUniqueId<job>.bin (-pp DIR, a directory all
 //             ranks see; <job> is $SLURM_JOB_ID.$SLURM_STEP_ID when set), written to
-//             a temporary name and renamed; the others poll for it; rank 0 removes it
-//             once every rank has joined
+//             a temporary name and renamed, with its run nonce; the others poll for it
+//             and take it once that rank 0 has answered them (a stale file is never
+//             joined); rank 0 removes it once every rank has joined
 //   -pi tcp   rank 0 listens on -ps HOST[:PORT] (port 29500 by default) and sends it
 //             to each rank that connects
 // With fs and tcp the world size and rank come from -pn and -pr (default
@@ -21,24 +22,28 @@
 // $SLURM_NTASKS_PER_NODE, else 8).
 //
 // Faults: abort() ends NCCL and, under MPI, every rank (MPI_Abort). Under fs
-// or tcp there is no MPI to end the others: the launcher must (srun -K1).
+// or tcp there is no MPI to end the others: the launcher (srun -K1) or each
+// rank's watchdog (model/comm_watchdog.h) does.
 //
 // Under the CPU emulator, NCCL is kernels/emu/nccl.h, which carries the same
 // calls over MPI between the processes mpirun started.
 #pragma once
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "model/comm.h"
@@ -75,35 +80,116 @@ inline int env_int(const char* name, int fallback) {
     return v ? std::atoi(v) : fallback;
 }
 
-// rank 0's id through a file in a shared directory
-inline ncclUniqueId unique_id_through_file(const std::string& dir, int rank, std::string* path_out) {
+// rank 0's id through a file in a shared directory. A file left by a run that crashed
+// before its rank 0 removed it must never be joined, so the file carries rank 0's run
+// nonce, and a rank takes an id only once that rank 0 has answered it: the rank drops
+// a marker PATH.<nonce>.r<rank>.<its own nonce>, and the live rank 0 of that nonce
+// answers with the marker's name plus ".ack". A stale file's rank 0 is gone and never
+// answers; when the new rank 0 replaces the file, its nonce is new and the rank
+// follows it. Rank 0 returns once every other rank has been answered.
+struct IdFile {
+    char magic[8];
+    uint64_t nonce;
+    ncclUniqueId id;
+};
+constexpr char kIdFileMagic[8] = {'K', 'N', 'N', 'G', 'P', 'T', 'I', 'D'};
+
+inline uint64_t fresh_nonce() {
+    uint64_t n = 0;
+    if (FILE* f = std::fopen("/dev/urandom", "rb")) {
+        if (std::fread(&n, sizeof(n), 1, f) != 1) n = 0;
+        std::fclose(f);
+    }
+    const uint64_t t = (uint64_t)std::chrono::steady_clock::now().time_since_epoch().count();
+    return n ^ (t * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)getpid() << 32);
+}
+
+inline bool read_id_file(const std::string& path, IdFile* out) {
+    FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return false;
+    const bool ok = std::fread(out, sizeof(*out), 1, f) == 1 && std::memcmp(out->magic, kIdFileMagic, 8) == 0;
+    std::fclose(f);
+    return ok;
+}
+
+inline bool file_exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
+
+inline void touch(const std::string& path) {
+    if (FILE* f = std::fopen(path.c_str(), "wb")) std::fclose(f);
+}
+
+// the files a rank 0 of `nonce` and its ranks wrote beside `path` (markers, answers)
+inline std::vector<std::string> handshake_files(const std::string& path, uint64_t nonce) {
+    const size_t slash = path.rfind('/');
+    const std::string dir = path.substr(0, slash), prefix = path.substr(slash + 1) + "." + std::to_string(nonce) + ".r";
+    std::vector<std::string> names;
+    if (DIR* d = opendir(dir.c_str())) {
+        while (dirent* e = readdir(d))
+            if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) names.push_back(dir + "/" + e->d_name);
+        closedir(d);
+    }
+    return names;
+}
+
+inline ncclUniqueId unique_id_through_file(const std::string& dir, int rank, int world, std::string* path_out,
+                                           uint64_t* nonce_out) {
     if (dir.empty()) throw std::runtime_error("-pi fs needs -pp DIR, a directory every process sees");
     std::string job;
     if (const char* j = std::getenv("SLURM_JOB_ID")) job = std::string(".") + j + "." + std::to_string(env_int("SLURM_STEP_ID", 0));
     const std::string path = dir + "/ncclUniqueId" + job + ".bin";
     *path_out = path;
-    ncclUniqueId id;
+    const auto start = std::chrono::steady_clock::now();
+    auto timed_out = [&] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kRendezvousTimeoutSeconds;
+    };
+    const std::string waited = std::to_string((int)kRendezvousTimeoutSeconds) + " s";
     if (rank == 0) {
-        nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        IdFile file;
+        std::memcpy(file.magic, kIdFileMagic, 8);
+        file.nonce = *nonce_out = fresh_nonce();
+        nccl_check(ncclGetUniqueId(&file.id), "ncclGetUniqueId");
         const std::string tmp = path + ".tmp";
         FILE* f = std::fopen(tmp.c_str(), "wb");
-        bool ok = f && std::fwrite(&id, sizeof(id), 1, f) == 1;
+        bool ok = f && std::fwrite(&file, sizeof(file), 1, f) == 1;
         if (f && std::fclose(f) != 0) ok = false;
         if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
             throw std::runtime_error("-pp " + dir + ": cannot write " + path);
-        return id;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    for (;;) {
-        if (FILE* f = std::fopen(path.c_str(), "rb")) {
-            bool ok = std::fread(&id, sizeof(id), 1, f) == 1;
-            std::fclose(f);
-            if (ok) return id;
+        // answer every marker of this nonce until each other rank has one
+        std::vector<bool> answered(world, false);
+        int count = 1;
+        while (count < world) {
+            for (const std::string& name : handshake_files(path, file.nonce)) {
+                if (name.size() > 4 && name.compare(name.size() - 4, 4, ".ack") == 0) continue;
+                const size_t at = name.rfind(".r");
+                const int r = std::atoi(name.c_str() + at + 2);
+                touch(name + ".ack");
+                if (r > 0 && r < world && !answered[r]) answered[r] = true, count++;
+            }
+            if (count < world && timed_out())
+                throw std::runtime_error("-pi fs: " + std::to_string(world - count) + " rank(s) did not read " + path +
+                                         " in " + waited);
+            if (count < world) std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > kRendezvousTimeoutSeconds)
-            throw std::runtime_error("-pi fs: rank 0 wrote no " + path + " in " +
-                                     std::to_string((int)kRendezvousTimeoutSeconds) + " s");
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        return file.id;
+    }
+    const uint64_t mine = fresh_nonce();
+    uint64_t following = 0;  // the nonce whose rank 0 has this rank's marker
+    std::string marker;
+    for (;;) {
+        IdFile file;
+        if (read_id_file(path, &file)) {
+            if (file.nonce != following) {  // a first file, or a new rank 0 replaced a stale one
+                if (!marker.empty()) std::remove(marker.c_str());
+                following = file.nonce;
+                marker = path + "." + std::to_string(following) + ".r" + std::to_string(rank) + "." + std::to_string(mine);
+                touch(marker);
+            }
+            if (file_exists(marker + ".ack")) return file.id;
+        }
+        if (timed_out())
+            throw std::runtime_error("-pi fs: no live rank 0 answered through " + path + " in " + waited +
+                                     (following ? " (the file there is from a run that has ended)" : ""));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
 }
 
@@ -173,6 +259,7 @@ class NcclComm final : public Comm {
         const std::string method = o.init_method.empty() ? "mpi" : o.init_method;
         ncclUniqueId id;
         std::string id_file;
+        uint64_t id_nonce = 0;
         if (method == "mpi") {
 #if defined(KNNGPT_MPI)
             comm_detail::ensure_mpi_initialized();
@@ -191,7 +278,7 @@ class NcclComm final : public Comm {
                 throw std::runtime_error("-pi " + method + " needs -pr, this process's rank in [0, " + std::to_string(world_) + ")");
             const int per_node = o.gpus_per_node > 0 ? o.gpus_per_node : comm_detail::env_int("SLURM_NTASKS_PER_NODE", 8);
             local_rank_ = rank_ % per_node;
-            id = method == "fs" ? comm_detail::unique_id_through_file(o.fs_path, rank_, &id_file)
+            id = method == "fs" ? comm_detail::unique_id_through_file(o.fs_path, rank_, world_, &id_file, &id_nonce)
                                 : comm_detail::unique_id_through_tcp(o.server_ip, rank_, world_);
         } else {
             throw std::runtime_error("-pi " + method + ": unknown init method (mpi, fs or tcp)");
@@ -212,8 +299,11 @@ class NcclComm final : public Comm {
         CUDA_CHECK(cudaEventCreateWithFlags(&queued_, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&reduced_, cudaEventDisableTiming));
         CUDA_CHECK(cudaMalloc(&host_scalar_, sizeof(double)));
-        barrier();  // every rank has joined: the id file has served
-        if (rank_ == 0 && !id_file.empty()) std::remove(id_file.c_str());
+        barrier();  // every rank has joined: the id file and its handshake have served
+        if (rank_ == 0 && !id_file.empty()) {
+            std::remove(id_file.c_str());
+            for (const std::string& name : comm_detail::handshake_files(id_file, id_nonce)) std::remove(name.c_str());
+        }
     }
     ~NcclComm() override {
         if (comm_) ncclCommDestroy(comm_);
@@ -257,7 +347,7 @@ class NcclComm final : public Comm {
         comm_detail::nccl_check(
             ncclAllReduce(host_scalar_, host_scalar_, 1, ncclFloat64, comm_detail::nccl_op(op), comm_, stream_),
             "ncclAllReduce");
-        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        wait_for_nccl_stream();
         CUDA_CHECK(cudaMemcpy(&value, host_scalar_, sizeof(double), cudaMemcpyDeviceToHost));
         return value;
     }
@@ -274,6 +364,27 @@ class NcclComm final : public Comm {
         comm_detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd");
     }
     void all_reduce_wait() override { end(); }
+    // Waits for the NCCL stream, polling NCCL's asynchronous error meanwhile: a failure
+    // NCCL detects (a peer's broken connection, a remote error) aborts the communicator
+    // and stops this rank with NCCL's message instead of waiting on; a peer that hangs
+    // without an error is left to the watchdog (model/comm_watchdog.h).
+    void wait_for_nccl_stream() {
+        for (;;) {
+            const cudaError_t done = cudaStreamQuery(stream_);
+            if (done == cudaSuccess) return;
+            if (done != cudaErrorNotReady) CUDA_CHECK(done);
+            ncclResult_t async = ncclSuccess;
+            comm_detail::nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+            if (async != ncclSuccess && async != ncclInProgress) {
+                ncclCommAbort(comm_);
+                comm_ = nullptr;
+                throw std::runtime_error(std::string("NCCL failed while waiting for the other ranks: ") +
+                                         ncclGetErrorString(async) + " (communicator aborted)");
+            }
+            std::this_thread::yield();
+        }
+    }
+
     [[noreturn]] void abort(int status) override {
         fflush(stdout);
         fflush(stderr);

@@ -233,3 +233,15 @@ CUDA_TEST(CudaLayerNorm, BackwardParamsAreTheSameBitsOnEveryCall) {
 }
 
 }  // namespace
+
+// A CUDA error's line starts with the prefix the trainer sets in a run of many ranks
+// (train_gpt: error: rank R: ), then names the file, line and CUDA's message.
+CUDA_TEST(CudaErrors, ACudaErrorLineCarriesTheRankPrefix) {
+    EXPECT_EXIT(
+        {
+            knngpt::cuda::cuda_error_prefix() = "train_gpt: error: rank 3: ";
+            void* p = nullptr;
+            CUDA_CHECK(cudaMalloc(&p, (size_t)1 << 60));
+        },
+        testing::ExitedWithCode(1), "^train_gpt: error: rank 3: .*test_cuda_layer_ops.cpp:[0-9]+: CUDA error: out of memory");
+}

@@ -11,7 +11,9 @@
 // accumulation, for the CPU trainer (MPI) and the CUDA trainer on the emulator
 // (NCCL emulated over MPI). Resuming under two ranks equals the uninterrupted
 // run; a ZeRO-1 checkpoint of two ranks resumes in one process; a bad file on one
-// rank, and a bad flag, end both ranks with one line.
+// rank, and a bad flag, end both ranks with one line. A rank frozen (SIGSTOP) or
+// killed mid-run ends the other within the watchdog's time with one line; a job
+// stopped and resumed as a whole goes on; a stale NCCL id file is never joined.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -260,3 +262,125 @@ TEST_F(ParallelTrainer, BadFlagEndsBothWithOneLine) {
 }
 
 }  // namespace
+
+// ---- a rank that stops, freezes or dies (model/comm_watchdog.h) -------------------------
+
+// Starts `mpirun_command` (whose ranks write to OUT), waits for its first step, sends `signal` to
+// rank 1 (or, for "SUSPEND", stops both ranks for 2 s longer than the timeout and resumes
+// them), and returns mpirun's exit status, the seconds from the signal to mpirun's exit,
+// and stderr. The ranks are found by OUT in their command line and
+// OMPI_COMM_WORLD_RANK in their environment.
+struct SignalledRun {
+    int exit_code = -1;
+    double seconds = 0;
+    std::string err;
+};
+SignalledRun signal_a_rank(const knngpt_test::TempDir& tmp, const std::string& mpirun_command, const std::string& out,
+                           const std::string& signal, int timeout_s) {
+    const std::string script = tmp.file("signal.sh");
+    std::ofstream(script) << "out=" << out << "\n"
+                          << "OMP_NUM_THREADS=1 " << mpirun_command << " > $out.stdout 2> $out.stderr &\n"
+                          << "mp=$!\n"
+                          << "for i in $(seq 600); do grep -q '^step ' $out.stdout 2>/dev/null && break; sleep 0.1; done\n"
+                          << "rank() { for p in $(pgrep -f \"$out \"); do\n"
+                          << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$1 && echo $p; done; }\n"
+                          << "r0=$(rank 0); r1=$(rank 1)\n"
+                          << "t0=$(date +%s.%N)\n"
+                          << "if [ " << signal << " = SUSPEND ]; then kill -STOP $r0 $r1; sleep " << timeout_s + 2
+                          << "; kill -CONT $r0 $r1; t0=$(date +%s.%N); else kill -" << signal << " $r1; fi\n"
+                          << "wait $mp; rc=$?; t1=$(date +%s.%N)\n"
+                          << "kill -KILL $r0 $r1 2>/dev/null\n"
+                          << "echo $rc $(awk -v a=$t0 -v b=$t1 'BEGIN { print b - a }') > $out.result\n";
+    std::system(("bash " + script).c_str());
+    SignalledRun r;
+    std::ifstream(out + ".result") >> r.exit_code >> r.seconds;
+    r.err = knngpt_test::slurp(out + ".stderr");
+    return r;
+}
+
+// A run long enough for the signal to come mid-run, with a short watchdog: the frozen or
+// killed rank's peer must be gone within the timeout plus 5 s (mpirun's --timeout is
+// the suite's guard against a hang).
+constexpr int kCommTimeout = 3;
+
+// Two CPU ranks with the short watchdog, `signal` sent as signal_a_rank does.
+SignalledRun two_watched_ranks(const knngpt_test::TempDir& tmp, const std::string& command, const std::string& out,
+                               const std::string& signal) {
+    return signal_a_rank(tmp, mpirun_prefix(2, 120) + command + " -v 0 --comm-timeout " + std::to_string(kCommTimeout),
+                         out, signal, kCommTimeout);
+}
+
+TEST_F(ParallelTrainer, AFrozenOrKilledRankEndsTheOtherWithinTheTimeoutWithOneLine) {
+    for (const std::string signal : {"STOP", "KILL"}) {
+        SCOPED_TRACE(signal);
+        const std::string out = tmp.file("signalled_" + signal);
+        SignalledRun r = two_watched_ranks(tmp, cpu + flags(2, out) + " -x 100000", out, signal);
+        EXPECT_NE(r.exit_code, 0) << r.err;
+        EXPECT_LT(r.seconds, kCommTimeout + 5.0) << r.err;
+        EXPECT_TRUE(one_line(r.err)) << r.err;
+        // frozen: rank 0's watchdog fires; killed: mpirun ends rank 0 inside its collective
+        const std::string want = signal == "STOP" ? "train_gpt: error: rank 0: all_reduce waited more than 3 s for the "
+                                                    "other ranks"
+                                                  : "train_gpt: error: rank 0: all_reduce still waiting for the other "
+                                                    "ranks after a stop signal";
+        EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+        if (signal == "STOP") {
+            EXPECT_EQ(r.exit_code, 1);
+        }
+    }
+}
+
+// A job stopped as a whole for longer than the timeout (a suspended job) and resumed goes
+// on: the time a rank spent stopped is not waiting.
+TEST_F(ParallelTrainer, AJobStoppedAndResumedAsAWholeGoesOn) {
+    const std::string out = tmp.file("suspended");
+    SignalledRun r = two_watched_ranks(tmp, cpu + flags(2, out) + " -x 400", out, "SUSPEND");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_TRUE(exists(out + "/model_00000400.bin"));
+}
+
+// The CUDA trainer on the emulator, meeting through a shared directory (-pi fs, no MPI
+// launcher behind the NCCL id): a frozen rank ends the other the same way.
+TEST_F(ParallelTrainer, EmulatedCudaTrainerFrozenRankEndsTheOther) {
+    if (!exists(emu_trainer())) GTEST_SKIP() << emu_trainer() << " not built (run `make test`)";
+    const std::string out = tmp.file("emu_frozen");
+    auto rank_command = [&](int r) {
+        return emu_trainer() + flags(2, out) + " -x 100000 -v 0 --comm-timeout " + std::to_string(kCommTimeout) +
+               " -pi fs -pp " + tmp.path + " -pn 2 -pr " + std::to_string(r);
+    };
+    SignalledRun r = signal_a_rank(tmp, mpirun_prefix(1, 120) + rank_command(0) + " : -np 1 " + rank_command(1), out,
+                                   "STOP", kCommTimeout);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_LT(r.seconds, kCommTimeout + 5.0) << r.err;
+    EXPECT_TRUE(one_line(r.err)) << r.err;
+    EXPECT_NE(r.err.find("train_gpt: error: rank 0: "), std::string::npos) << r.err;
+}
+
+// A rendezvous directory holding the id file of a run that crashed before its rank 0
+// removed it: the ranks of a new run never join it. Rank 0 starts a second late, so
+// rank 1 finds the stale file first; it waits for an answer from that file's rank 0,
+// which never comes, and takes the new rank 0's file when it replaces the stale one.
+TEST_F(ParallelTrainer, AStaleIdFileFromACrashedRunIsNeverJoined) {
+    if (!exists(emu_trainer())) GTEST_SKIP() << emu_trainer() << " not built (run `make test`)";
+    const std::string dir = tmp.file("rendezvous");
+    std::filesystem::create_directories(dir);
+    {
+        std::ofstream stale(dir + "/ncclUniqueId.bin", std::ios::binary);
+        const char magic[8] = {'K', 'N', 'N', 'G', 'P', 'T', 'I', 'D'};
+        const uint64_t nonce = 424242;
+        stale.write(magic, 8);
+        stale.write(reinterpret_cast<const char*>(&nonce), 8);
+        for (int i = 0; i < 128; i++) stale.put((char)(i * 37 + 11));  // another run's id
+    }
+    auto rank_command = [&](int r) {
+        return emu_trainer() + flags(2, tmp.file("stale")) + " -x 3 -pi fs -pp " + dir + " -pn 2 -pr " + std::to_string(r);
+    };
+    RunResult r = run_with_threads(mpirun_prefix(1, 120) + "sh -c 'sleep 1; exec " + rank_command(0) + "' : -np 1 " +
+                                       rank_command(1),
+                                   1, tmp);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("| processes     | 2 (NCCL), ZeRO-0"), std::string::npos) << r.out;
+    EXPECT_TRUE(exists(tmp.file("stale/model_00000003.bin")));
+    EXPECT_TRUE(std::filesystem::is_empty(dir)) << "the id file and its handshake files are removed once joined";
+}

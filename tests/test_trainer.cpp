@@ -178,7 +178,7 @@ TEST_F(Trainer, EveryFlagIsInHelpAndReadme) {
                              "--attn-gumbel-groups", "--attn-gumbel-samples", "--attn-seed", "--attn-eval",
                              "--attn-warmup", "--attn-window", "--attn-sinks", "--attn-kmv-threshold", "--attn-kmv-levels", "--attn-kmv-alpha",
                              "--eval-only", "--gpt2-vocab", "--prompt", "--prompt-file", "-z", "-pi", "-pn", "-pr",
-                             "-pg", "-ps", "-pp"}) {
+                             "-pg", "-ps", "-pp", "--comm-timeout"}) {
         std::regex documented(std::string("(^|[\\s`])") + flag + "[\\s`,]");
         EXPECT_TRUE(std::regex_search(help.out, documented)) << flag << " missing from -h";
         EXPECT_TRUE(std::regex_search(readme, documented)) << flag << " missing from train/README.md";
@@ -440,4 +440,30 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
         EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
         EXPECT_FALSE(exists(out_dir)) << flags;
     }
+}
+
+// The wait policy (train/omp_wait.h): without OMP_WAIT_POLICY or GOMP_SPINCOUNT the
+// trainer runs itself again with a short spin, and libgomp itself reports that spin (its
+// last OMP_DISPLAY_ENV block is the re-executed process's); a policy the user chose is
+// kept. The header's threads row says which, and where the thread count came from.
+TEST_F(Trainer, WaitsWithAShortSpinUnlessTheUserChoseAPolicy) {
+    auto last_spin = [](const std::string& err) {
+        const std::string key = "GOMP_SPINCOUNT = '";
+        const size_t at = err.rfind(key);
+        if (at == std::string::npos) return std::string("none");
+        return err.substr(at + key.size(), err.find('\'', at + key.size()) - at - key.size());
+    };
+    const std::string cmd = base() + " -x 1 -g 4";
+    RunResult ours = run("env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose " + cmd, tmp);
+    ASSERT_EQ(ours.exit_code, 0) << ours.err;
+    EXPECT_EQ(last_spin(ours.err), "10000") << ours.err;
+    EXPECT_NE(ours.out.find("| threads       | 2 (OMP_NUM_THREADS), spin 10000 then sleep"), std::string::npos)
+        << ours.out;
+    RunResult spin = run("env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=777 OMP_DISPLAY_ENV=verbose " + cmd, tmp);
+    ASSERT_EQ(spin.exit_code, 0) << spin.err;
+    EXPECT_EQ(last_spin(spin.err), "777") << spin.err;
+    EXPECT_NE(spin.out.find("| threads       | 2 (OMP_NUM_THREADS), GOMP_SPINCOUNT 777 "), std::string::npos) << spin.out;
+    RunResult passive = run("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive env -u OMP_NUM_THREADS " + cmd, tmp);
+    ASSERT_EQ(passive.exit_code, 0) << passive.err;
+    EXPECT_NE(passive.out.find(" (every core), OMP_WAIT_POLICY passive "), std::string::npos) << passive.out;
 }

@@ -32,11 +32,13 @@
 #include "model/checkpoint.h"
 #include "model/checkpoint_dir.h"
 #include "model/comm.h"
+#include "model/comm_watchdog.h"
 #include "model/gpt.h"
 #include "model/lr_schedule.h"
 #include "train/attention_flags.h"
 #include "train/duration.h"
 #include "train/flag_values.h"
+#include "train/omp_wait.h"
 
 using namespace knngpt;
 
@@ -82,6 +84,7 @@ struct Options {
     AttnFlags attn;                      // --attn*: train/attention_flags.h
     int zero_stage = 0;                  // -z
     CommOptions comm;                    // -pi -pn -pr -pg -ps -pp: model/comm.h
+    float comm_timeout_s = 600;          // --comm-timeout: model/comm_watchdog.h
 };
 
 #if defined(KNNGPT_CUDA)
@@ -161,6 +164,8 @@ Several processes (data parallel; start them with mpirun or srun, README "Severa
   -pg G            GPUs per node, with -pi fs|tcp: local rank = R % G (default $SLURM_NTASKS_PER_NODE or 8)
   -ps HOST[:PORT]  rank 0's address for -pi tcp (port default 29500)
   -pp DIR          the shared directory for -pi fs
+  --comm-timeout S a collective that waits more than S seconds for the other ranks (one stopped,
+                   froze or died) ends the run with one line naming this rank (default 600; 0: never)
 )";
 
 // --help: the flags in groups, the core attention flags after the model's and the
@@ -239,6 +244,7 @@ static void on_stop_signal(int sig) {
         _exit(128 + sig);
     }
     g_stop_signal = sig;
+    WatchedComm::note_stop_signal();  // a collective that then never completes: a peer is gone
 }
 
 static void catch_stop_signals() {
@@ -249,6 +255,8 @@ static void catch_stop_signals() {
     sa.sa_flags = SA_RESTART;  // a write or read under way goes on
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
+    sa.sa_handler = [](int) { WatchedComm::note_resumed(); };
+    sigaction(SIGCONT, &sa, nullptr);
 }
 
 // A flag's number, or one line and exit 1 (flag_values.h).
@@ -310,6 +318,7 @@ static Options parse_args(int argc, char** argv) {
         {"-z", integer(&o.zero_stage)}, {"-pi", text(&o.comm.init_method)}, {"-pn", integer(&o.comm.num_processes)},
         {"-pr", integer(&o.comm.process_rank)}, {"-pg", integer(&o.comm.gpus_per_node)},
         {"-ps", text(&o.comm.server_ip)}, {"-pp", text(&o.comm.fs_path)},
+        {"--comm-timeout", real(&o.comm_timeout_s)},
     };
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
@@ -344,6 +353,7 @@ static Options parse_args(int argc, char** argv) {
     if (o.max_steps == 0 || o.max_steps < -1) die("-x: number of steps must be >= 1 (or -1 for one epoch)");
     if (o.resume && o.output_dir.empty()) die("-y 1 needs -o DIR to resume from");
     if (o.zero_stage != 0 && o.zero_stage != 1) die("-z takes 0 or 1 (ZeRO stage)");
+    if (!(o.comm_timeout_s >= 0)) die("--comm-timeout: give seconds >= 0 (0: no limit)");
     if (o.keep_last < 0 || o.major_every < 0) die("-nk and -nm must be >= 0");
     if (o.verify_checksum != 0 && o.verify_checksum != 1) die("--verify-checksum takes 0 or 1");
     if (o.skip_nonfinite != 0 && o.skip_nonfinite != 1) die("--skip-nonfinite takes 0 or 1");
@@ -618,7 +628,7 @@ static int run(const Options& o) {
     const char* rule = "+---------------+------------------------------------------------------------+\n";
     printf("%s", rule);
     row("backend", ops::BACKEND_NAME);
-    row("threads", std::to_string(omp_get_max_threads()) + (world > 1 ? " per process" : ""));
+    row("threads", omp_threads_description(world));
     row("processes", !comm.carries_collectives() ? std::string("1") :
                      fmt("%d (%s), ZeRO-%d", world, comm.name(), o.zero_stage));
     row("model", src.description);
@@ -805,14 +815,19 @@ static int run(const Options& o) {
 }
 
 int main(int argc, char** argv) {
+    settle_omp_wait_policy(argv);  // may execute the trainer again, with a short spin
     Options o = parse_args(argc, argv);
     try {
-        g_comm = make_comm(o.comm);
+        g_comm = watch_collectives(make_comm(o.comm), o.comm_timeout_s);
     } catch (const std::exception& e) {
         // the processes have not met: each rank names itself
         print_error(e.what(), launcher_rank());
         return 1;
     }
+#if defined(KNNGPT_CUDA)
+    // a CUDA error names its rank like every other error of a run of many
+    if (g_comm->world() > 1) cuda::cuda_error_prefix() = "train_gpt: error: rank " + std::to_string(g_comm->rank()) + ": ";
+#endif
     catch_stop_signals();  // after MPI's set-up, so that these handlers are the ones in force
     int status = 1;
     try {

@@ -3,7 +3,8 @@
 //   nvcc                       the CUDA runtime, bf16 and wmma headers;
 //   g++ -DKNNGPT_CUDA_EMU      the CPU emulator of kernels/emu (no GPU needed).
 // Everything below means the same in both builds:
-//   CUDA_CHECK(call)                      on error: "file:line: CUDA error: <string>", exit(1)
+//   CUDA_CHECK(call)                      on error: "file:line: CUDA error: <string>", exit(1),
+//                                         after cuda_error_prefix() (the trainer's rank)
 //   launch(kernel, grid, block, dynamic_smem_bytes, stream, args...)
 //                                         kernel<<<grid, block, smem, stream>>>(args...) and a
 //                                         check of the launch (cudaGetLastError) at the call site;
@@ -41,9 +42,17 @@
 
 namespace knngpt::cuda {
 
+// What every CUDA error line starts with: empty, or the program's prefix naming its
+// rank ("train_gpt: error: rank 1: "), which the trainer sets once the ranks have met.
+inline std::string& cuda_error_prefix() {
+    static std::string prefix;
+    return prefix;
+}
+
 inline void check_cuda(cudaError_t status, const char* file, int line) {
     if (status == cudaSuccess) return;
-    std::fprintf(stderr, "%s:%d: CUDA error: %s\n", file, line, cudaGetErrorString(status));
+    std::fprintf(stderr, "%s%s:%d: CUDA error: %s\n", cuda_error_prefix().c_str(), file, line,
+                 cudaGetErrorString(status));
     std::exit(1);
 }
 
@@ -102,7 +111,7 @@ void launch_kernel(const char* file, int line, const char* launch_text, void (*k
     cudaError_t status = cudaGetLastError();
     if (status == cudaSuccess && blocking) status = cudaStreamSynchronize(stream);
     if (status == cudaSuccess) return;
-    std::fprintf(stderr, "%s\n",
+    std::fprintf(stderr, "%s%s\n", cuda_error_prefix().c_str(),
                  launch_error_message(file, line, launch_text, cudaGetErrorString(status), blocking).c_str());
     std::exit(1);
 }

@@ -307,6 +307,12 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return cudaSuccess;
 }
 
+// every emulated stream's work has run by the time its call returns
+inline cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    (void)stream;
+    return cudaSuccess;
+}
+
 inline cudaError_t cudaEventCreate(cudaEvent_t* event) {
     if (!event) return knngpt::emu::detail::record_error(cudaErrorInvalidValue);
     *event = new knngpt::emu::Event;
