@@ -301,7 +301,11 @@ SignalledRun signal_a_rank(const knngpt_test::TempDir& tmp, const std::string& m
 // A run long enough for the signal to come mid-run, with a short watchdog: the frozen or
 // killed rank's peer must be gone within the timeout plus 5 s (mpirun's --timeout is
 // the suite's guard against a hang).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kCommTimeout = 12;  // a sanitized build runs several times slower
+#else
 constexpr int kCommTimeout = 3;
+#endif
 
 // Two CPU ranks with the short watchdog, `signal` sent as signal_a_rank does.
 SignalledRun two_watched_ranks(const knngpt_test::TempDir& tmp, const std::string& command, const std::string& out,
@@ -319,8 +323,8 @@ TEST_F(ParallelTrainer, AFrozenOrKilledRankEndsTheOtherWithinTheTimeoutWithOneLi
         EXPECT_LT(r.seconds, kCommTimeout + 5.0) << r.err;
         EXPECT_TRUE(one_line(r.err)) << r.err;
         // frozen: rank 0's watchdog fires; killed: mpirun ends rank 0 inside its collective
-        const std::string want = signal == "STOP" ? "train_gpt: error: rank 0: all_reduce waited more than 3 s for the "
-                                                    "other ranks"
+        const std::string want = signal == "STOP" ? "train_gpt: error: rank 0: all_reduce waited more than " +
+                                                        std::to_string(kCommTimeout) + " s for the other ranks"
                                                   : "train_gpt: error: rank 0: all_reduce still waiting for the other "
                                                     "ranks after a stop signal";
         EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
