@@ -240,7 +240,7 @@ static volatile sig_atomic_t g_stop_signal = 0;
 static void on_stop_signal(int sig) {
     if (g_stop_signal) {
         static const char msg[] = "train_gpt: second signal: exiting now, without a checkpoint\n";
-        if (write(STDERR_FILENO, msg, sizeof(msg) - 1)) {}
+        if (write(WatchedComm::unheld_stderr(), msg, sizeof(msg) - 1)) {}
         _exit(128 + sig);
     }
     g_stop_signal = sig;
@@ -255,8 +255,6 @@ static void catch_stop_signals() {
     sa.sa_flags = SA_RESTART;  // a write or read under way goes on
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
-    sa.sa_handler = [](int) { WatchedComm::note_resumed(); };
-    sigaction(SIGCONT, &sa, nullptr);
 }
 
 // A flag's number, or one line and exit 1 (flag_values.h).
