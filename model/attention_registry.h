@@ -94,11 +94,12 @@ inline const AttnModeInfo kAttnModes[] = {
     {AttnMode::Exact, "exact", Tier::Core, kBuildCpu | kBuildCuda, "softmax over every causal key (the default)",
      "the reference"},
     {AttnMode::Knn, "knn", Tier::Core, kBuildCpu | kBuildCuda, "softmax over the top-k keys of the index",
-     "within seed noise of exact at T = 64 (k >= 8); at T = 1024 +0.45 nats from the first step, +0.001 after a "
-     "dense warm-up of 2/3 of the steps"},
+     "within seed noise of exact at T = 64 (k >= 8); at T = 1024 +0.45 nats from the first step, -0.05 with "
+     "--attn-window 32 --attn-sinks 4 and a dense warm-up of 1/10 of the steps"},
     {AttnMode::KnnTail, "knn-tail", Tier::Core, kBuildCpu | kBuildCuda,
      "top-k + m up-weighted uniform tail samples (--attn-tail M)",
-     "half knn's gap at T = 1024 from the first step (+0.22 against +0.45 nats, k = m = 32)"},
+     "half knn's gap at T = 1024 from the first step (+0.22 against +0.45 nats, k = m = 32); behind knn once "
+     "both keep a local window (+0.17 against +0.07)"},
     {AttnMode::Gumbel, "gumbel", Tier::Experimental, kBuildCpu | kBuildCuda,
      "median of means of lazy Gumbel samples over the top-k set (needs --attn-grad sampled)",
      "+0.48 nats against exact on the baby config, 0.14x exact's forward at n = 16K"},

@@ -392,7 +392,7 @@ TEST_F(CompareAttention, BadInputGivesOneClearLine) {
 }
 
 // A preset is its settings and trainer flags: flags after -- replace the preset's value of
-// the same flag (the long preset's warm-up follows -x) or are added, --setting adds a
+// the same flag (the long preset's warm-ups follow -x) or are added, --setting adds a
 // setting; --plan 1 prints what would run and runs nothing.
 TEST_F(CompareAttention, APresetIsItsSettingsWithTheGivenFlagsInPlace) {
     const std::string dir = tmp->file("preset");
@@ -407,8 +407,11 @@ TEST_F(CompareAttention, APresetIsItsSettingsWithTheGivenFlagsInPlace) {
     EXPECT_NE(r.out.find("setting: --attn knn --attn-k 32 --attn-warmup 400 (knn k=32 warmup=400)\n"), std::string::npos)
         << r.out;
     EXPECT_NE(r.out.find("setting: --attn knn-tail --attn-k 32 --attn-tail 32 "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("setting: --attn knn --attn-k 32 --attn-window 32 --attn-sinks 4 --attn-warmup 60 "),
+              std::string::npos)
+        << r.out;
     EXPECT_NE(r.out.find("setting: --attn knn --attn-k 2 (knn k=2)\n"), std::string::npos) << r.out;
-    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2 + 9 + 1) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2 + 12 + 1) << r.out;
     EXPECT_FALSE(exists(dir + "/results.json"));
     RunResult baby = run_with_threads(command(text, dir, {}, "--preset baby --plan 1 --meter-flags '--windows 1'"), 1, *tmp);
     ASSERT_EQ(baby.exit_code, 0) << baby.err;

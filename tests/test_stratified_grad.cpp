@@ -12,7 +12,7 @@
 //   - its RMS error falls as 1/sqrt(m) (exactly so given the normaliser, with the tail
 //     drawn with replacement; as run, bent by the finite population and the ratio
 //     estimate), and with every tail key taken (m >= T) it is exact;
-//   - at equal k its error is below the selection backward's (knn's exact gradient of
+//   - on short rows (T = 128, k = m = 8) its error is below the selection backward's (knn's exact gradient of
 //     the top-k softmax), which ignores the tail; printed beside the sampled gradients'
 //     RMS errors at s = m;
 //   - its draws are fresh (DRAW_GRADIENT_TAIL, not the forward's tail) and a pure

@@ -70,8 +70,10 @@ evaluates every trained model under every setting (the cross-evaluation matrix);
                          baby  the quick start's baby config (T = 64, B 12, 2000 steps, the whole
                                validation split) under every attention mode
                          long  T = 1024 with the baby shape, B 4, 3000 steps: exact against knn
-                               k = 8..64, knn-tail, the heavy index, sampled gradients and knn
-                               after a dense warm-up of 2/3 of the steps (-x)
+                               k = 8..64, knn-tail, the heavy index, sampled and stratified
+                               gradients, knn after a dense warm-up of 2/3 of the steps (-x),
+                               knn with a local window and sinks, and the window recipe (window
+                               32, sinks 4, a dense warm-up of 1/10 of the steps)
   --plan 0|1           1: print the settings and trainer flags that would run, and stop
   --setting FLAGS      an attention setting: trainer flags separated by spaces, e.g.
                        "--attn knn --attn-k 16" or "--attn-grad sampled"; a first word without
@@ -206,7 +208,7 @@ struct Preset {
     std::vector<std::string> meter_flags;  // --meter-flags
 };
 
-// `steps`: the -x given after -- (0: none; the long preset's warm-up is 2/3 of the steps)
+// `steps`: the -x given after -- (0: none; the long preset's warm-ups are 2/3 and 1/10 of the steps)
 Preset preset_named(const std::string& name, long steps) {
     if (steps == 0) steps = 3000;  // the presets' own -x: baby 2000 (no warm-up), long 3000
     if (steps < 0) die("--preset " + name + ": give -x STEPS >= 1 (the warm-up is a share of the steps)");
@@ -223,7 +225,10 @@ Preset preset_named(const std::string& name, long steps) {
     if (name == "long")  // the long-context recipe
         return {{"exact", "knn --attn-k 8", "knn --attn-k 16", "knn --attn-k 32", "knn --attn-k 64",
                  "knn-tail --attn-k 32 --attn-tail 32", "knn --attn-k 32 --attn-index heavy",
-                 "knn --attn-k 32 --attn-grad sampled", "knn --attn-k 32 --attn-warmup " + std::to_string(2 * steps / 3)},
+                 "knn --attn-k 32 --attn-grad sampled", "knn --attn-k 32 --attn-warmup " + std::to_string(2 * steps / 3),
+                 "knn --attn-k 32 --attn-grad stratified --attn-grad-samples 32",
+                 "knn --attn-k 32 --attn-window 64 --attn-sinks 4",
+                 "knn --attn-k 32 --attn-window 32 --attn-sinks 4 --attn-warmup " + std::to_string(steps / 10)},
                 split_words("-t 1024 -b 4 --layers 4 --heads 4 --channels 128 -x 3000 -l 1e-3 -u 100 --shuffle 1 "
                             "-v 300 -m 16 -s 0 -n 500"),
                 split_words("--windows 2")};
