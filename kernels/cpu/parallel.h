@@ -5,9 +5,10 @@
 // on. Ops whose work is below kMinParallelWork floats (element-wise: elements touched;
 // attention: multiply-adds) run on the calling thread: `#pragma omp parallel for
 // if (parallel_pays(work))`. Every op here gives each output element to one iteration,
-// so its bits do not depend on whether it ran in parallel. The threshold was measured with
-// tools/bench_shared_cores.sh (tools/README.md): below it, a team of two was slower than
-// one thread on the idle machine as well.
+// so its bits do not depend on whether it ran in parallel. The threshold sends sampling's
+// one-row forwards (T <= 64 rows of C = 128: 8K floats) to one thread and keeps a training
+// batch's ops parallel (the baby config's smallest is 98K floats); the baby config's idle
+// step time did not change (train/README.md, "On shared cores").
 #pragma once
 
 #include <cstddef>
