@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
+#include "model/checkpoint_dir.h"
 #include "model/comm.h"
 #include "model/comm_mpi.h"
 
@@ -112,8 +113,6 @@ inline bool read_id_file(const std::string& path, IdFile* out) {
     return ok;
 }
 
-inline bool file_exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
-
 inline void touch(const std::string& path) {
     if (FILE* f = std::fopen(path.c_str(), "wb")) std::fclose(f);
 }
@@ -160,10 +159,10 @@ inline ncclUniqueId unique_id_through_file(const std::string& dir, int rank, int
         while (count < world) {
             for (const std::string& name : handshake_files(path, file.nonce)) {
                 if (name.size() > 4 && name.compare(name.size() - 4, 4, ".ack") == 0) continue;
-                const size_t at = name.rfind(".r");
-                const int r = std::atoi(name.c_str() + at + 2);
+                const int r = std::atoi(name.c_str() + name.rfind(".r") + 2);
+                if (r <= 0 || r >= world || answered[r]) continue;
                 touch(name + ".ack");
-                if (r > 0 && r < world && !answered[r]) answered[r] = true, count++;
+                answered[r] = true, count++;
             }
             if (count < world && timed_out())
                 throw std::runtime_error("-pi fs: " + std::to_string(world - count) + " rank(s) did not read " + path +

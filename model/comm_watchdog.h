@@ -26,7 +26,6 @@
 // On a GPU the NCCL calls return once queued; the wait the watchdog sees is the one for
 // a host scalar (all_reduce_host), which synchronises after them.
 #pragma once
-#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,6 +37,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -48,7 +48,9 @@ namespace knngpt {
 
 class WatchedComm final : public Comm {
  public:
-    WatchedComm(std::unique_ptr<Comm> inner, double timeout_s) : inner_(std::move(inner)), timeout_s_(timeout_s) {
+    // line_prefix: what the program's error lines start with, naming this rank
+    WatchedComm(std::unique_ptr<Comm> inner, double timeout_s, std::string line_prefix)
+        : inner_(std::move(inner)), timeout_s_(timeout_s), line_prefix_(std::move(line_prefix)) {
         rank_ = inner_->rank(), world_ = inner_->world(), local_rank_ = inner_->local_rank();
         limit_ns_ = (long long)((timeout_s + std::min(rank_, 4)) * 1e9);
         real_stderr_ = dup(STDERR_FILENO);
@@ -165,11 +167,11 @@ class WatchedComm final : public Comm {
         if (ftruncate(hold_fd_, 0) != 0) {}
         lseek(hold_fd_, 0, SEEK_SET);
     }
-    // the one line, on the real stderr, and the end of this process
-    [[noreturn]] void stop(const char* line_format) {
+    // the one line (none if empty), on the real stderr, and the end of this process
+    [[noreturn]] void stop(const std::string& line) {
         if (real_stderr_ >= 0) dup2(real_stderr_, STDERR_FILENO);  // what was held is dropped
-        if (line_format) {
-            fprintf(stderr, line_format, rank_, what_.load(), timeout_s_);
+        if (!line.empty()) {
+            fprintf(stderr, "%s%s %s\n", line_prefix_.c_str(), what_.load(), line.c_str());
             fflush(stderr);
         }
         _exit(1);
@@ -189,13 +191,15 @@ class WatchedComm final : public Comm {
             }
             if (started == 0) continue;
             if (signalled > started && now - signalled > kAfterSignalNs) {
-                if (resumed_at != 0 && signalled - resumed_at < 2 * kStoppedGapNs) stop(nullptr);
-                stop("train_gpt: error: rank %d: %s still waiting for the other ranks after a stop signal (one "
-                     "stopped or died)\n");
+                if (resumed_at != 0 && signalled - resumed_at < 2 * kStoppedGapNs) stop("");
+                stop("still waiting for the other ranks after a stop signal (one stopped or died)");
             }
-            if (now - started - stopped_in_wait >= limit_ns_)
-                stop("train_gpt: error: rank %d: %s waited more than %g s for the other ranks (one stopped, froze or "
-                     "died; --comm-timeout sets the limit)\n");
+            if (now - started - stopped_in_wait >= limit_ns_) {
+                char limit[32];
+                std::snprintf(limit, sizeof(limit), "%g", timeout_s_);
+                stop(std::string("waited more than ") + limit +
+                     " s for the other ranks (one stopped, froze or died; --comm-timeout sets the limit)");
+            }
         }
     }
 
@@ -208,6 +212,7 @@ class WatchedComm final : public Comm {
 
     std::unique_ptr<Comm> inner_;
     double timeout_s_ = 0;
+    std::string line_prefix_;
     long long limit_ns_ = 0;
     int real_stderr_ = -1;  // stderr as the process started
     FILE* hold_ = nullptr;  // the holding file (unlinked), and its descriptor
@@ -221,9 +226,12 @@ class WatchedComm final : public Comm {
 };
 
 // The comm a run uses: collectives watched when they are carried between processes.
-inline std::unique_ptr<Comm> watch_collectives(std::unique_ptr<Comm> comm, double timeout_s) {
+// `line_prefix(rank)` is what the program's error lines start with.
+inline std::unique_ptr<Comm> watch_collectives(std::unique_ptr<Comm> comm, double timeout_s,
+                                               std::string (*line_prefix)(int rank)) {
     if (!comm->carries_collectives() || timeout_s <= 0) return comm;
-    return std::make_unique<WatchedComm>(std::move(comm), timeout_s);
+    const int rank = comm->rank();
+    return std::make_unique<WatchedComm>(std::move(comm), timeout_s, line_prefix(rank));
 }
 
 }  // namespace knngpt

@@ -189,11 +189,13 @@ static std::string usage() {
 static std::unique_ptr<Comm> g_comm;  // null until the processes have met
 static bool g_in_setup = false;       // die() throws for agree_on_setup instead of stopping
 
-// rank < 0: the line names no rank
+// What an error line starts with; rank < 0: it names no rank.
+static std::string error_prefix(int rank) {
+    return rank >= 0 ? "train_gpt: error: rank " + std::to_string(rank) + ": " : std::string("train_gpt: error: ");
+}
+
 static void print_error(const std::string& msg, int rank) {
-    const std::string line = one_line(msg);
-    if (rank >= 0) fprintf(stderr, "train_gpt: error: rank %d: %s\n", rank, line.c_str());
-    else fprintf(stderr, "train_gpt: error: %s\n", line.c_str());
+    fprintf(stderr, "%s%s\n", error_prefix(rank).c_str(), one_line(msg).c_str());
     fflush(stderr);
 }
 
@@ -816,7 +818,7 @@ int main(int argc, char** argv) {
     settle_omp_wait_policy(argv);  // may execute the trainer again, with a short spin
     Options o = parse_args(argc, argv);
     try {
-        g_comm = watch_collectives(make_comm(o.comm), o.comm_timeout_s);
+        g_comm = watch_collectives(make_comm(o.comm), o.comm_timeout_s, error_prefix);
     } catch (const std::exception& e) {
         // the processes have not met: each rank names itself
         print_error(e.what(), launcher_rank());
@@ -824,7 +826,7 @@ int main(int argc, char** argv) {
     }
 #if defined(KNNGPT_CUDA)
     // a CUDA error names its rank like every other error of a run of many
-    if (g_comm->world() > 1) cuda::cuda_error_prefix() = "train_gpt: error: rank " + std::to_string(g_comm->rank()) + ": ";
+    if (g_comm->world() > 1) cuda::cuda_error_prefix() = error_prefix(g_comm->rank());
 #endif
     catch_stop_signals();  // after MPI's set-up, so that these handlers are the ones in force
     int status = 1;
