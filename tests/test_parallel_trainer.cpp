@@ -347,21 +347,26 @@ TEST_F(ParallelTrainer, AJobStoppedAndResumedAsAWholeGoesOn) {
     EXPECT_TRUE(exists(out + "/model_00000400.bin"));
 }
 
-// The CUDA trainer on the emulator, meeting through a shared directory (-pi fs, no MPI
-// launcher behind the NCCL id): a frozen rank ends the other the same way.
+// The CUDA trainer on the emulator, meeting through a shared directory or rank 0's TCP port
+// (-pi fs|tcp, no MPI launcher behind the NCCL id): a frozen rank ends the other the same way.
 TEST_F(ParallelTrainer, EmulatedCudaTrainerFrozenRankEndsTheOther) {
     if (!exists(emu_trainer())) GTEST_SKIP() << emu_trainer() << " not built (run `make test`)";
-    const std::string out = tmp.file("emu_frozen");
-    auto rank_command = [&](int r) {
-        return emu_trainer() + flags(2, out) + " -x 100000 -v 0 --comm-timeout " + std::to_string(kCommTimeout) +
-               " -pi fs -pp " + tmp.path + " -pn 2 -pr " + std::to_string(r);
-    };
-    SignalledRun r = signal_a_rank(tmp, mpirun_prefix(1, 120) + rank_command(0) + " : -np 1 " + rank_command(1), out,
-                                   "STOP", kCommTimeout);
-    EXPECT_EQ(r.exit_code, 1) << r.err;
-    EXPECT_LT(r.seconds, kCommTimeout + 5.0) << r.err;
-    EXPECT_TRUE(one_line(r.err)) << r.err;
-    EXPECT_NE(r.err.find("train_gpt: error: rank 0: "), std::string::npos) << r.err;
+    const std::string port = std::to_string(20000 + (getpid() + 7) % 30000);
+    for (const std::string method : {"fs", "tcp"}) {
+        SCOPED_TRACE(method);
+        const std::string out = tmp.file("emu_frozen_" + method);
+        const std::string meet = method == "fs" ? " -pi fs -pp " + tmp.path : " -pi tcp -ps 127.0.0.1:" + port;
+        auto rank_command = [&](int r) {
+            return emu_trainer() + flags(2, out) + " -x 100000 -v 0 --comm-timeout " + std::to_string(kCommTimeout) +
+                   meet + " -pn 2 -pr " + std::to_string(r);
+        };
+        SignalledRun r = signal_a_rank(tmp, mpirun_prefix(1, 120) + rank_command(0) + " : -np 1 " + rank_command(1),
+                                       out, "STOP", kCommTimeout);
+        EXPECT_EQ(r.exit_code, 1) << r.err;
+        EXPECT_LT(r.seconds, kCommTimeout + 5.0) << r.err;
+        EXPECT_TRUE(one_line(r.err)) << r.err;
+        EXPECT_NE(r.err.find("train_gpt: error: rank 0: "), std::string::npos) << r.err;
+    }
 }
 
 // A rendezvous directory holding the id file of a run that crashed before its rank 0

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "data/dataloader.h"
+#include "train/omp_threads.h"
 #include "kernels/common/rng.h"
 #include "model/checkpoint.h"
 #include "tests/test_util.h"
@@ -442,7 +443,76 @@ TEST_F(Trainer, BadAttentionFlagsGiveOneClearLine) {
     }
 }
 
-// The wait policy (train/omp_wait.h): without OMP_WAIT_POLICY or GOMP_SPINCOUNT the
+// Every op splits its work by shape, never by thread count (kernels/cpu/parallel.h,
+// sgemm_blocks.h, global_norm.h): 1, 2 and 3 threads train the same model, byte for byte,
+// exact and approximate attention alike. So the trainer may follow the machine's load.
+TEST_F(Trainer, TheThreadCountDoesNotChangeARunsBits) {
+    const std::vector<std::string> settings = {"--attn exact", "--attn knn --attn-k 4 --attn-index ivf",
+                                               "--attn knn-tail --attn-k 4 --attn-tail 4 --attn-grad sampled"};
+    for (size_t s = 0; s < settings.size(); s++) {
+        SCOPED_TRACE(settings[s]);
+        std::string first;
+        for (int threads : {1, 2, 3}) {
+            const std::string dir = tmp.file("threads_" + std::to_string(s) + "_" + std::to_string(threads));
+            RunResult r = run_with_threads(base() + " -x 4 -b 8 " + settings[s] + " -o " + dir, threads, tmp);
+            ASSERT_EQ(r.exit_code, 0) << r.err;
+            const std::string model = slurp(dir + "/model_00000004.bin");
+            ASSERT_FALSE(model.empty());
+            if (threads == 1) first = model;
+            else EXPECT_TRUE(model == first) << threads << " threads trained another model than 1";
+        }
+    }
+}
+
+// Without OMP_NUM_THREADS the trainer leaves the cores other processes use to them
+// (train/omp_threads.h): beside a busy process on every core it runs one thread, says so, and
+// trains the model it trains alone.
+TEST_F(Trainer, FollowsTheLoadWithoutChangingTheModel) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 2) GTEST_SKIP() << "one core: no thread count to follow the load with";
+    const std::string cmd = base() + " -x 60 -b 8";
+    const std::string script = tmp.file("beside_busy.sh");
+    std::ofstream(script) << "for i in $(seq " << cores << "); do sh -c 'while :; do :; done' & done\n"
+                          << "sleep 0.3\n"
+                          << "env -u OMP_NUM_THREADS " << cmd << " -o " << tmp.file("loaded") << "\n"
+                          << "rc=$?; kill $(jobs -p); exit $rc\n";
+    RunResult loaded = run("bash " + script, tmp);
+    ASSERT_EQ(loaded.exit_code, 0) << loaded.err;
+    EXPECT_NE(loaded.out.find("(every core, fewer while busy)"), std::string::npos) << loaded.out;
+    EXPECT_TRUE(std::regex_search(loaded.out, std::regex("note: (other processes are running: 1 of " +
+                                                         std::to_string(cores) + " threads to start|step \\d+: 1 of)")))
+        << loaded.out;
+    RunResult alone = run_with_threads(cmd + " -o " + tmp.file("alone"), (int)cores, tmp);
+    ASSERT_EQ(alone.exit_code, 0) << alone.err;
+    EXPECT_EQ(alone.out.find("note: "), std::string::npos) << alone.out;
+    EXPECT_TRUE(slurp(tmp.file("loaded/model_00000060.bin")) == slurp(tmp.file("alone/model_00000060.bin")));
+}
+
+// The arithmetic behind it: the count leaves the others' cores, at least one thread; the
+// others' use is the cores' busy time less this process's; /proc/stat's busy time is read
+// (this process's own spin shows in it).
+TEST(ThreadsFollowingLoad, LeavesTheOthersCoresToThem) {
+    EXPECT_EQ(knngpt::threads_beside(2, 0.0), 2);
+    EXPECT_EQ(knngpt::threads_beside(2, 0.4), 2);
+    EXPECT_EQ(knngpt::threads_beside(2, 1.1), 1);
+    EXPECT_EQ(knngpt::threads_beside(2, 3.0), 1);
+    EXPECT_EQ(knngpt::threads_beside(16, 5.2), 11);
+    const knngpt::CoreTimes before{10.0, 100.0, 3.0, true}, after{10.5, 100.9, 3.4, true};
+    EXPECT_NEAR(knngpt::others_cores(before, after), (0.9 - 0.4) / 0.5, 1e-9);
+    EXPECT_EQ(knngpt::others_cores(before, knngpt::CoreTimes{}), 0.0) << "unreadable: no others";
+
+    cpu_set_t cores;
+    ASSERT_EQ(sched_getaffinity(0, sizeof(cores), &cores), 0);
+    const knngpt::CoreTimes start = knngpt::read_core_times(cores);
+    ASSERT_TRUE(start.ok) << "/proc/stat unreadable";
+    volatile double x = 0;
+    while (knngpt::clock_seconds(CLOCK_PROCESS_CPUTIME_ID) - start.own_s < 0.3) x = x + 1;
+    const knngpt::CoreTimes end = knngpt::read_core_times(cores);
+    EXPECT_GE(end.own_s - start.own_s, 0.3);
+    EXPECT_GE(end.busy_s - start.busy_s, 0.2) << "this process's 0.3 s of spin is busy time on its cores";
+}
+
+// The wait policy (train/omp_threads.h): without OMP_WAIT_POLICY or GOMP_SPINCOUNT the
 // trainer runs itself again with a short spin, and libgomp itself reports that spin (its
 // last OMP_DISPLAY_ENV block is the re-executed process's); a policy the user chose is
 // kept. The header's threads row says which, and where the thread count came from.
@@ -465,5 +535,6 @@ TEST_F(Trainer, WaitsWithAShortSpinUnlessTheUserChoseAPolicy) {
     EXPECT_NE(spin.out.find("| threads       | 2 (OMP_NUM_THREADS), GOMP_SPINCOUNT 777 "), std::string::npos) << spin.out;
     RunResult passive = run("env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=passive env -u OMP_NUM_THREADS " + cmd, tmp);
     ASSERT_EQ(passive.exit_code, 0) << passive.err;
-    EXPECT_NE(passive.out.find(" (every core), OMP_WAIT_POLICY passive "), std::string::npos) << passive.out;
+    EXPECT_NE(passive.out.find(" (every core, fewer while busy), OMP_WAIT_POLICY passive "), std::string::npos)
+        << passive.out;
 }

@@ -38,7 +38,7 @@
 #include "train/attention_flags.h"
 #include "train/duration.h"
 #include "train/flag_values.h"
-#include "train/omp_wait.h"
+#include "train/omp_threads.h"
 
 using namespace knngpt;
 
@@ -187,6 +187,7 @@ static std::string usage() {
 //   die_everywhere: rank 0 prints and all exit.
 
 static std::unique_ptr<Comm> g_comm;  // null until the processes have met
+static std::unique_ptr<ThreadsFollowingLoad> g_threads;  // how many OpenMP threads, by the load
 static bool g_in_setup = false;       // die() throws for agree_on_setup instead of stopping
 
 // What an error line starts with; rank < 0: it names no rank.
@@ -628,7 +629,7 @@ static int run(const Options& o) {
     const char* rule = "+---------------+------------------------------------------------------------+\n";
     printf("%s", rule);
     row("backend", ops::BACKEND_NAME);
-    row("threads", omp_threads_description(world));
+    row("threads", omp_threads_description(*g_threads, world));
     row("processes", !comm.carries_collectives() ? std::string("1") :
                      fmt("%d (%s), ZeRO-%d", world, comm.name(), o.zero_stage));
     row("model", src.description);
@@ -650,6 +651,9 @@ static int run(const Options& o) {
     row("AdamW", fmt("beta1 %g, beta2 %g, eps %g, weight decay %g, clip %g", o.beta1, o.beta2, o.eps,
                      o.weight_decay, o.grad_clip));
     printf("%s", rule);
+    if (g_threads->threads() < g_threads->cores())
+        printf("note: other processes are running: %d of %d threads to start\n", g_threads->threads(),
+               g_threads->cores());
     fflush(stdout);
 
     FILE* log = nullptr;
@@ -705,6 +709,9 @@ static int run(const Options& o) {
     int skipped_updates = 0;
     for (int step = start_step; step <= train_steps; step++) {
         bool last_step = step == train_steps;
+        if (g_threads->update() && rank == 0)
+            printf("note: step %d: %d of %d threads (other processes used %.1f cores)\n", step, g_threads->threads(),
+                   g_threads->cores(), g_threads->others());
         // a stop signal during the last step, on any rank: this step's checkpoint, then stop. The
         // validation is left to the resumed run (it changes nothing); the sample is drawn, as its
         // RNG state goes into the checkpoint
@@ -816,6 +823,7 @@ static int run(const Options& o) {
 
 int main(int argc, char** argv) {
     settle_omp_wait_policy(argv);  // may execute the trainer again, with a short spin
+    g_threads = std::make_unique<ThreadsFollowingLoad>();
     Options o = parse_args(argc, argv);
     try {
         g_comm = watch_collectives(make_comm(o.comm), o.comm_timeout_s, error_prefix);

@@ -11,19 +11,18 @@
 // bias (OC) or nullptr, out/dout (N, OC). Backward needs the forward's inp.
 // Backward overwrites dinp (sgemm's beta = 0: dinp is not read, need not be
 // zeroed) and accumulates (+=) into dweight and dbias; dbias may be nullptr.
-// Design: OpenBLAS is the OpenMP build, so it shares our thread pool, and a call made
-// from inside an OpenMP parallel region runs single-threaded.
+// Design: the GEMMs are OpenBLAS sgemm calls on blocks fixed by the shape, shared by our
+// OpenMP threads (sgemm_blocks.h), so no result depends on the thread count.
 // matmul_forward_loops / matmul_backward_loops compute the same products as plain
 // OpenMP loops; they are tested against the sgemm path, and a build with
 // -DKNNGPT_MATMUL_LOOPS makes the model call them (the baseline of `make bench`).
 #pragma once
 
-#include <cblas.h>
-
 #include <cstddef>
 
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/sgemm_blocks.h"
 
 namespace knngpt::cpu {
 
@@ -78,8 +77,7 @@ inline void matmul_forward(float* out, const float* inp, const float* weight, co
     return matmul_forward_loops(out, inp, weight, bias, N, C, OC);
 #endif
     // out(N, OC) = inp(N, C) @ weight(OC, C)^T
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C,
-                1.0f, inp, C, weight, C, 0.0f, out, OC);
+    sgemm_in_blocks(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
     if (bias == nullptr) return;
     #pragma omp parallel for if (parallel_pays((size_t)N * OC))
     for (int n = 0; n < N; n++) {
@@ -103,11 +101,9 @@ inline void matmul_backward(float* dinp, float* dweight, float* dbias, const flo
     return matmul_backward_loops(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
 #endif
     // dinp(N, C) = dout(N, OC) @ weight(OC, C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC,
-                1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    sgemm_in_blocks(false, false, N, C, OC, dout, OC, weight, C, 0.0f, dinp, C);
     // dweight(OC, C) += dout(N, OC)^T @ inp(N, C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N,
-                1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+    sgemm_in_blocks(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias == nullptr) return;
     // dbias: column sums of dout; each iteration owns a block of columns
     const int column_block = 64;

@@ -34,7 +34,7 @@
 #include "kernels/cuda/gelu.cuh"
 
 #if defined(KNNGPT_CUDA_EMU)
-#include <cblas.h>
+#include "kernels/cpu/sgemm_blocks.h"
 #else
 #include <cublasLt.h>
 #endif
@@ -180,7 +180,7 @@ __global__ void matmul_dbias_partial_kernel(float* partial, const Dout* dout, in
 // The GEMMs go to a library: cuBLASLt under nvcc (one handle and workspace
 // created on first use, see "Plans"; FP32: A, B, C fp32; BF16: A, B CUDA_R_16BF,
 // C/D CUDA_R_32F; both with CUBLAS_COMPUTE_32F and fp32 alpha/beta),
-// cblas_sgemm under KNNGPT_CUDA_EMU (the emulator's device memory is host
+// OpenBLAS sgemm under KNNGPT_CUDA_EMU (the emulator's device memory is host
 // memory; in BF16 mode the bf16 operands are widened back to float on the
 // host, which is exact, and sgemm runs on those). The bf16 conversion, the
 // bias add and the dbias column sums are our own small kernels in both
@@ -559,7 +559,6 @@ inline const GemmPlan& gemm_plan(const GemmKey& key) {
 // this call's pointers (alpha = 1).
 inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, float beta, void* C_out,
                           const GemmEpilogue& epilogue) {
-    const float alpha = 1.0f;
 #if defined(KNNGPT_CUDA_EMU)
     const GemmKey& d = plan.described;
     // a bf16 C: the fp32 product in a host vector (beta = 0), rounded into C at the end, as the
@@ -574,8 +573,9 @@ inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, fl
         a = widen_bf16(0, A, (size_t)d.lda * (d.trans_a ? d.m : d.k));
         b = widen_bf16(1, B, (size_t)d.ldb * (d.trans_b ? d.k : d.n));
     }
-    cblas_sgemm(CblasColMajor, d.trans_a ? CblasTrans : CblasNoTrans, d.trans_b ? CblasTrans : CblasNoTrans, d.m,
-                d.n, d.k, alpha, a, d.lda, b, d.ldb, beta, C, d.ldc);
+    // column-major C(m, n) = op(A) op(B) is row-major C^T(n, m) = op(B)^T op(A)^T; in blocks
+    // fixed by the shape, as the CPU matmul's, so no thread count changes its bits
+    cpu::sgemm_in_blocks(d.trans_b, d.trans_a, d.n, d.m, d.k, b, d.ldb, a, d.lda, beta, C, d.ldc);
     // the emulated library's epilogue, elementwise in fp32 as cuBLASLt's
     const bool add_bias = d.epilogue == GemmEpilogueKind::Bias || d.epilogue == GemmEpilogueKind::GeluAuxBias;
     const bool gelu = d.epilogue == GemmEpilogueKind::GeluAux || d.epilogue == GemmEpilogueKind::GeluAuxBias;
@@ -596,6 +596,7 @@ inline void run_gemm_plan(const GemmPlan& plan, const void* A, const void* B, fl
             for (int i = 0; i < d.m; i++) out[(size_t)j * d.ldc + i] = __float2bfloat16(C[(size_t)j * d.ldc + i]);
     }
 #else
+    const float alpha = 1.0f;
     void* C = C_out;
     MatmulLibrary& library = matmul_library();
     if (epilogue.bias) {
