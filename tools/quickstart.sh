@@ -33,7 +33,7 @@ fi
 name=$(basename "${text%.*}")
 ./prepare_data --input "$text" --out-dir data --name "$name"
 
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(nproc)} ./train_gpt_cpu \
+./train_gpt_cpu \
   -i "data/${name}_train.bin" -j "data/${name}_val.bin" \
   --layers 4 --heads 4 --channels 128 -t 64 -b 12 \
   -x 2000 -l 1e-3 -k cosine -q 0.1 -u 100 --beta2 0.99 -c 0.1 --grad-clip 1.0 \

@@ -172,7 +172,8 @@ Several processes (data parallel; start them with mpirun or srun, README "Severa
 // experimental ones last (train/attention_flags.h writes both from the registry)
 static std::string usage() {
     return USAGE_DATA_AND_MODEL + attention_help(false) + USAGE_TRAINING + attention_help(true) +
-           "Threads: set OMP_NUM_THREADS (per process).\n";
+           "Threads: every core, fewer while other processes use them; OMP_NUM_THREADS fixes the count (per\n"
+           "process). The count never changes a result.\n";
 }
 
 // ----------------------------------------------------------------------------

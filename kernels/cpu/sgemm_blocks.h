@@ -2,14 +2,14 @@
 //
 //   C(M, N) = op(A)(M, K) @ op(B)(K, N) + beta * C          row-major, as cblas_sgemm
 //
-// OpenBLAS's own threads split a product by their number, and its kernels give an element
-// different bits depending on the part of the product a call covers (an edge tile sums in
-// another order): the same run gave other weights with 1 and 2 threads. Here the larger of
-// C's two dimensions is cut into blocks whose size depends on the shape alone, each block
-// is one single-threaded sgemm, and our OpenMP threads share the blocks. So a run gives the
-// same bits whatever OMP_NUM_THREADS is, and the trainer can follow the machine's load
-// (train/omp_wait.h). Blocks of 64 to 256 rows, at least 12 where the shape allows, cost
-// about as much as OpenBLAS's own split (kernels/README.md).
+// OpenBLAS's own threads split a product by their number, and the bits it gives an element
+// depend on the part of the product a call covers: the same run gave other weights with 1
+// and 2 threads. Here the larger of C's two dimensions is cut into blocks whose size
+// depends on the shape alone (a sixteenth of it, 64 to 256 rows), each block is one
+// single-threaded sgemm, and our OpenMP threads share the blocks. So a run gives the same
+// bits whatever the thread count, and the trainer can follow the machine's load
+// (train/omp_threads.h). Idle, the trainer runs within 1.5 % of OpenBLAS's own split
+// (kernels/README.md).
 // Used by the CPU matmul (matmul.h) and the CUDA emulator's GEMM (kernels/cuda/matmul.cuh).
 #pragma once
 
