@@ -15,8 +15,10 @@
 //
 // Only a collective's wait counts: a slow step between collectives never trips it, and
 // time the process spent stopped (SIGSTOP, a suspended job) is left out, so a job
-// stopped and resumed as a whole goes on. A rank that was itself stopped and is ended
-// on resumption prints nothing: the others have named the fault.
+// stopped and resumed as a whole goes on. A rank that was itself stopped and is signalled
+// on resumption (a launcher ending it: mpirun, or srun -K1, which waits 30 s before its
+// SIGKILL) prints nothing, in the collective it was in or the next: the others have
+// named the fault.
 //
 // While a collective is in flight, stderr goes to a holding file; when the collective
 // completes (or the process exits normally) what was held is written out. When the rank
@@ -190,10 +192,11 @@ class WatchedComm final : public Comm {
                 if (started != 0) stopped_in_wait += gap;
             }
             if (started == 0) continue;
-            if (signalled > started && now - signalled > kAfterSignalNs) {
-                if (resumed_at != 0 && signalled - resumed_at < 2 * kStoppedGapNs) stop("");
+            // signalled on resumption: a launcher ends this rank, the one that was stopped
+            const bool ended_after_stop = signalled != 0 && resumed_at != 0 && signalled - resumed_at < 2 * kStoppedGapNs;
+            if (ended_after_stop && now - std::max(started, signalled) > kAfterSignalNs) stop("");
+            if (signalled > started && now - signalled > kAfterSignalNs)
                 stop("still waiting for the other ranks after a stop signal (one stopped or died)");
-            }
             if (now - started - stopped_in_wait >= limit_ns_) {
                 char limit[32];
                 std::snprintf(limit, sizeof(limit), "%g", timeout_s_);

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <regex>
 #include <string>
+#include <sstream>
 #include <vector>
 
 #include "tests/test_util.h"
@@ -269,22 +270,24 @@ TEST_F(ParallelTrainer, BadFlagEndsBothWithOneLine) {
 // Starts `mpirun_command` (whose ranks write to OUT), waits for its first step, sends `signal` to
 // rank 1 (or, for "SUSPEND", stops both ranks for 2 s longer than the timeout and resumes
 // them), and returns mpirun's exit status, the seconds from the signal to mpirun's exit,
-// and stderr. The ranks are found by OUT in their command line and
-// OMPI_COMM_WORLD_RANK in their environment.
+// and stderr. The ranks are found by OUT in their command line and `rank_variable`
+// (mpirun's OMPI_COMM_WORLD_RANK, srun's SLURM_PROCID) in their environment.
 struct SignalledRun {
     int exit_code = -1;
     double seconds = 0;
     std::string err;
 };
 SignalledRun signal_a_rank(const knngpt_test::TempDir& tmp, const std::string& mpirun_command, const std::string& out,
-                           const std::string& signal, int timeout_s) {
+                           const std::string& signal, int timeout_s,
+                           const std::string& rank_variable = "OMPI_COMM_WORLD_RANK") {
     const std::string script = tmp.file("signal.sh");
     std::ofstream(script) << "out=" << out << "\n"
                           << "OMP_NUM_THREADS=1 " << mpirun_command << " > $out.stdout 2> $out.stderr &\n"
                           << "mp=$!\n"
                           << "for i in $(seq 600); do grep -q '^step ' $out.stdout 2>/dev/null && break; sleep 0.1; done\n"
                           << "rank() { for p in $(pgrep -f \"$out \"); do\n"
-                          << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=$1 && echo $p; done; }\n"
+                          << "  tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -qx " << rank_variable
+                          << "=$1 && echo $p; done; }\n"
                           << "r0=$(rank 0); r1=$(rank 1)\n"
                           << "t0=$(date +%s.%N)\n"
                           << "if [ " << signal << " = SUSPEND ]; then kill -STOP $r0 $r1; sleep " << timeout_s + 2
@@ -334,6 +337,31 @@ TEST_F(ParallelTrainer, AFrozenOrKilledRankEndsTheOtherWithinTheTimeoutWithOneLi
         if (signal == "STOP") {
             EXPECT_EQ(r.exit_code, 1);
         }
+    }
+}
+
+// Under Slurm (srun -K1, MPI through PMIx), where a Slurm controller answers: the same two
+// signals. srun and slurmstepd add lines of their own (a task's exit, the step cancelled);
+// of the trainer's, only rank 0's: rank 1, frozen, is signalled on resumption and says
+// nothing. Skipped where srun cannot start a step within seconds (no Slurm, as in CI).
+TEST_F(ParallelTrainer, UnderSrunAFrozenOrKilledRankEndsTheOther) {
+    RunResult probe = run_with_threads("timeout 10 srun -n 1 --mpi=pmix true", 1, tmp);
+    if (probe.exit_code != 0) GTEST_SKIP() << "srun with PMIx could not start a step here: " << probe.err;
+    for (const std::string signal : {"STOP", "KILL"}) {
+        SCOPED_TRACE(signal);
+        const std::string out = tmp.file("srun_" + signal);
+        SignalledRun r = signal_a_rank(tmp,
+                                       "srun -K1 --mpi=pmix -n 2 " + cpu + flags(2, out) +
+                                           " -x 100000 -v 0 --comm-timeout " + std::to_string(kCommTimeout),
+                                       out, signal, kCommTimeout, "SLURM_PROCID");
+        EXPECT_NE(r.exit_code, 0) << r.err;
+        EXPECT_LT(r.seconds, kCommTimeout + 5.0) << r.err;
+        std::istringstream lines(r.err);
+        std::vector<std::string> ours;
+        for (std::string line; std::getline(lines, line);)
+            if (line.rfind("srun: ", 0) != 0 && line.rfind("slurmstepd", 0) != 0) ours.push_back(line);
+        ASSERT_EQ(ours.size(), 1u) << r.err;
+        EXPECT_EQ(ours[0].rfind("train_gpt: error: rank 0: all_reduce", 0), 0u) << r.err;
     }
 }
 
