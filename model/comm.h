@@ -9,6 +9,8 @@
 //   broadcast(buf, n, root)         root's buf to every rank
 //   all_reduce_host(x, op)          a host scalar (losses, squared norms, error flags)
 //   barrier, abort(status)          abort ends every rank now, status non-zero
+//   wait_for_rank0()                a barrier after work rank 0 does alone (a sample, a
+//                                   checkpoint's write): the others may wait seconds there
 //   all_reduce_start(spans), all_reduce_wait()
 //                                   sums started now, without waiting for them: the
 //                                   work queued after them runs meanwhile (NCCL's stream),
@@ -60,6 +62,7 @@ class Comm {
     virtual void broadcast(float* buf, size_t count, int root) = 0;
     virtual double all_reduce_host(double value, ReduceOp op) = 0;
     virtual void barrier() = 0;
+    virtual void wait_for_rank0() { barrier(); }
     [[noreturn]] virtual void abort(int status) = 0;
     virtual void all_reduce_start(const std::vector<FloatSpan>& spans) {
         for (const FloatSpan& s : spans) all_reduce(s.data, s.count, ReduceOp::Sum);

@@ -7,7 +7,9 @@
 //   - a collective still waiting 0.3 s after a stop signal (SIGTERM, SIGINT) does the
 //     same: a launcher (mpirun, srun) ends the run because another rank died, and this
 //     collective can no longer complete. A stop that every rank received (Ctrl-C,
-//     preemption) lets the collectives finish, and the trainer stops at the step's end.
+//     preemption) lets the collectives finish, and the trainer stops at the step's end;
+//     the one long wait of a step, for rank 0's sample or checkpoint (wait_for_rank0),
+//     is judged by the timeout alone.
 // A launcher then ends the other ranks; without one (-pi fs, -pi tcp) every waiting
 // rank's own watchdog does. Rank r waits min(r, 4) seconds longer than rank 0, so that
 // in a small world the lowest waiting rank prints the one line and the launcher ends
@@ -104,6 +106,12 @@ class WatchedComm final : public Comm {
         Armed a(*this, "barrier");
         inner_->barrier();
     }
+    // the others wait here while rank 0 samples or writes: a stop signal that reaches every
+    // rank meanwhile (Ctrl-C, preemption) is no sign of a dead peer, so only the timeout counts
+    void wait_for_rank0() override {
+        Armed a(*this, "barrier", /*patient=*/true);
+        inner_->barrier();
+    }
     void all_reduce_start(const std::vector<FloatSpan>& spans) override {
         Armed a(*this, "all_reduce");
         inner_->all_reduce_start(spans);
@@ -136,9 +144,10 @@ class WatchedComm final : public Comm {
     // a collective in flight: its start (0: none), its name, stderr held
     struct Armed {
         WatchedComm& c;
-        Armed(WatchedComm& comm, const char* what) : c(comm) {
+        Armed(WatchedComm& comm, const char* what, bool patient = false) : c(comm) {
             c.hold_stderr();
             c.what_.store(what);
+            c.patient_.store(patient);
             c.started_ns_.store(now_ns());
         }
         ~Armed() {
@@ -195,7 +204,7 @@ class WatchedComm final : public Comm {
             // signalled on resumption: a launcher ends this rank, the one that was stopped
             const bool ended_after_stop = signalled != 0 && resumed_at != 0 && signalled - resumed_at < 2 * kStoppedGapNs;
             if (ended_after_stop && now - std::max(started, signalled) > kAfterSignalNs) stop("");
-            if (signalled > started && now - signalled > kAfterSignalNs)
+            if (signalled > started && now - signalled > kAfterSignalNs && !patient_.load())
                 stop("still waiting for the other ranks after a stop signal (one stopped or died)");
             if (now - started - stopped_in_wait >= limit_ns_) {
                 char limit[32];
@@ -222,6 +231,7 @@ class WatchedComm final : public Comm {
     int hold_fd_ = -1;
     std::atomic<long long> started_ns_{0};
     std::atomic<const char*> what_{""};
+    std::atomic<bool> patient_{false};  // a wait for rank 0's own work: the timeout alone counts
     std::mutex mutex_;
     std::condition_variable woken_;
     bool stopping_ = false;

@@ -269,7 +269,7 @@ TEST_F(ParallelTrainer, BadFlagEndsBothWithOneLine) {
 
 // Starts `mpirun_command` (whose ranks write to OUT), waits for its first step, sends `signal` to
 // rank 1 (or, for "SUSPEND", stops both ranks for 2 s longer than the timeout and resumes
-// them), and returns mpirun's exit status, the seconds from the signal to mpirun's exit,
+// them; for "TERM_BOTH", sends both SIGTERM), and returns mpirun's exit status, the seconds from the signal to mpirun's exit,
 // and stderr. The ranks are found by OUT in their command line and `rank_variable`
 // (mpirun's OMPI_COMM_WORLD_RANK, srun's SLURM_PROCID) in their environment.
 struct SignalledRun {
@@ -291,7 +291,8 @@ SignalledRun signal_a_rank(const knngpt_test::TempDir& tmp, const std::string& m
                           << "r0=$(rank 0); r1=$(rank 1)\n"
                           << "t0=$(date +%s.%N)\n"
                           << "if [ " << signal << " = SUSPEND ]; then kill -STOP $r0 $r1; sleep " << timeout_s + 2
-                          << "; kill -CONT $r0 $r1; t0=$(date +%s.%N); else kill -" << signal << " $r1; fi\n"
+                          << "; kill -CONT $r0 $r1; t0=$(date +%s.%N); elif [ " << signal
+                          << " = TERM_BOTH ]; then kill -TERM $r0 $r1; else kill -" << signal << " $r1; fi\n"
                           << "wait $mp; rc=$?; t1=$(date +%s.%N)\n"
                           << "kill -KILL $r0 $r1 2>/dev/null\n"
                           << "echo $rc $(awk -v a=$t0 -v b=$t1 'BEGIN { print b - a }') > $out.result\n";
@@ -373,6 +374,24 @@ TEST_F(ParallelTrainer, AJobStoppedAndResumedAsAWholeGoesOn) {
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.err, "");
     EXPECT_TRUE(exists(out + "/model_00000400.bin"));
+}
+
+// A stop that reaches every rank (Ctrl-C, preemption) while rank 0 samples alone: the
+// other rank waits for it (Comm::wait_for_rank0), and that wait is no sign of a dead peer.
+// Every rank stops at the step's end; rank 0 writes the checkpoint; status 75, no error line,
+// and no rank cut short by the launcher while rank 0 still writes.
+TEST_F(ParallelTrainer, AStopReachingEveryRankWhileRank0SamplesIsGraceful) {
+    const std::string out = tmp.file("stopped_in_sample");
+    // a sample of 2000 tokens takes about a second: most of each step's time
+    SignalledRun r = signal_a_rank(tmp, mpirun_prefix(2, 120) + cpu + flags(2, out) + " -x 100000 -v 0 -s 1 -g 2000",
+                                   out, "TERM_BOTH", 0);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_EQ(r.err, "");
+    const std::string stdout_text = knngpt_test::slurp(out + ".stdout");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(stdout_text, m, std::regex("stopped by SIGTERM after step (\\d+) of")))
+        << stdout_text;
+    EXPECT_TRUE(exists(out + "/model_" + std::string(8 - m[1].str().size(), '0') + m[1].str() + ".bin"));
 }
 
 // The CUDA trainer on the emulator, meeting through a shared directory or rank 0's TCP port

@@ -236,12 +236,15 @@ static void agree_on_setup(const std::string* error) {
 // The first sets a flag; at the end of each step the ranks agree on it (a
 // max over the ranks, so a signal that reaches one rank stops them all at the
 // same step), write the step's checkpoint and exit with STOPPED_BY_SIGNAL. A
-// second signal exits at once.
+// second signal exits at once, unless the checkpoint is written: then the run is
+// already on its way out (a launcher ends the ranks still running once one has exited).
 
 constexpr int STOPPED_BY_SIGNAL = 75;  // EX_TEMPFAIL: not finished, resume with -y 1
 static volatile sig_atomic_t g_stop_signal = 0;
+static volatile sig_atomic_t g_stopped = 0;  // the stop's checkpoint is written
 
 static void on_stop_signal(int sig) {
+    if (g_stopped) return;
     if (g_stop_signal) {
         static const char msg[] = "train_gpt: second signal: exiting now, without a checkpoint\n";
         if (write(WatchedComm::unheld_stderr(), msg, sizeof(msg) - 1)) {}
@@ -734,15 +737,20 @@ static int run(const Options& o) {
             gpt_set_attention(model, attn);
         }
         // (step > start_step: a resumed run does not repeat the sample its checkpoint step already drew)
-        if (rank == 0 && !o.eval_only && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step)) {
+        const bool sample_now =
+            !o.eval_only && ((o.sample_every > 0 && step > start_step && step % o.sample_every == 0) || last_step);
+        if (rank == 0 && sample_now) {
             gpt_set_attention(model, attn);  // samples too run the configured attention (see the validation)
             std::string text = generate(model, tokenizer.get(), sample_rng, o.gen_tokens, prompt);
             printf("---- sample (step %d) ----\n%s\n-------------------------\n", step, text.c_str());
         }
         fflush(stdout);
-        if (step > start_step && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || last_step || stop_signal))
-            save_checkpoint(step);
+        const bool checkpoint_now =
+            step > start_step && ((o.checkpoint_every > 0 && step % o.checkpoint_every == 0) || last_step || stop_signal);
+        if (checkpoint_now) save_checkpoint(step);
         if (stop_signal) {
+            if (world > 1) comm.wait_for_rank0();  // every rank exits once rank 0 has written
+            g_stopped = 1;
             const std::string by = g_stop_signal == stop_signal ? (stop_signal == SIGINT ? "SIGINT" : "SIGTERM")
                                                                 : "a signal to another rank";
             if (o.output_dir.empty())
@@ -755,6 +763,9 @@ static int run(const Options& o) {
             return STOPPED_BY_SIGNAL;
         }
         if (last_step) break;
+        // rank 0 alone sampled or wrote files: the others wait for it here, where a stop signal
+        // that reaches every rank meanwhile is no sign of a dead peer (model/comm_watchdog.h)
+        if (world > 1 && (sample_now || (checkpoint_now && !o.output_dir.empty()))) comm.wait_for_rank0();
 
         // ---- one optimizer step: accum_steps micro-batches, then AdamW
         auto t0 = clock::now();
