@@ -26,7 +26,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 namespace knngpt {
@@ -75,11 +74,11 @@ inline CoreTimes read_core_times(const cpu_set_t& cores) {
     std::string line;
     while (std::getline(stat, line) && line.compare(0, 3, "cpu") == 0) {
         int cpu = -1;
-        if (std::sscanf(line.c_str(), "cpu%d", &cpu) != 1 || cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &cores))
-            continue;  // the all-CPU line, or a CPU this process may not use
-        std::istringstream fields(line.substr(line.find(' ')));
         unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
-        fields >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+        if (std::sscanf(line.c_str(), "cpu%d %llu %llu %llu %llu %llu %llu %llu %llu", &cpu, &user, &nice, &system,
+                        &idle, &iowait, &irq, &softirq, &steal) < 2 ||
+            cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &cores))
+            continue;  // the all-CPU line, or a CPU this process may not use
         t.busy_s += tick_s * (double)(user + nice + system + irq + softirq + steal);
         t.ok = true;
     }
@@ -95,9 +94,9 @@ inline double others_cores(const CoreTimes& before, const CoreTimes& after) {
 
 // Runnable threads of other processes now: /proc/loadavg's count less this process's.
 inline int others_runnable_now() {
-    int running = 0, total = 0;
+    int running = 0;  // the fourth field, "running/total"
     if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-        if (std::fscanf(f, "%*f %*f %*f %d/%d", &running, &total) != 2) running = 0;
+        if (std::fscanf(f, "%*f %*f %*f %d", &running) != 1) running = 0;
         std::fclose(f);
     }
     return std::max(0, running - 1);  // called before the OpenMP team exists: this thread alone
@@ -123,9 +122,8 @@ class ThreadsFollowingLoad {
     // Between steps, outside any parallel region: at most every kLoadWindowS seconds, the
     // count the other processes' use of the cores leaves. Returns true when it changed.
     bool update() {
-        if (!following_) return false;
+        if (!following_ || clock_seconds(CLOCK_MONOTONIC) - last_.wall_s < kLoadWindowS) return false;
         const CoreTimes now = read_core_times(affinity_);
-        if (now.wall_s - last_.wall_s < kLoadWindowS) return false;
         others_ = others_cores(last_, now);
         last_ = now;
         const int before = threads_;
